@@ -1,0 +1,151 @@
+"""torch-facing functions of the simulator: a differentiable control step and the dynamics terms.
+
+Each :func:`step` call with gradients records its own ``wp.Tape`` over freshly allocated, write-once arrays, and a
+``torch.autograd.Function`` replays that tape in its backward pass. Without gradients (``torch.no_grad()`` or
+inputs that do not require grad) no tape is recorded and the scratch arrays are reused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import warp as wp
+
+from bcg.sim.engine import StepArrays, allocate_step, run_control_step, run_dynamics_terms
+from bcg.sim.model import SimModel
+from bcg.sim.reference import ContactReport
+
+__all__ = ["step", "mass_matrix", "bias_forces", "ContactReport"]
+
+
+def _torch_device(model: SimModel) -> torch.device:
+    return torch.device("cuda:0" if model.device == "cuda" else model.device)
+
+
+def _check(model: SimModel, name: str, x: torch.Tensor, width: int, n: int | None) -> int:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype != torch.float32:
+        raise TypeError(f"{name} must be float32 (the Warp kernels are single precision), got {x.dtype}; "
+                        "use bcg.sim.reference for float64")
+    if x.dim() != 2 or x.shape[1] != width or (n is not None and x.shape[0] != n):
+        want = f"[{n if n is not None else 'N'}, {width}]"
+        raise ValueError(f"{name} must have shape {want}, got {list(x.shape)}")
+    if x.device != _torch_device(model):
+        raise ValueError(f"{name} is on {x.device} but the model is on {model.device}")
+    if not bool(torch.isfinite(x).all()):
+        bad = (~torch.isfinite(x)).any(1).nonzero().flatten()[:8].tolist()
+        raise ValueError(f"{name} contains NaN or inf (environments {bad})")
+    return x.shape[0]
+
+
+@contextlib.contextmanager
+def _warp_stream(model: SimModel) -> Iterator[None]:
+    """Run Warp launches on torch's current CUDA stream so that the two never race."""
+    if model.device.startswith("cuda"):
+        with wp.ScopedStream(wp.stream_from_torch(_torch_device(model))):
+            yield
+    else:
+        yield
+
+
+def _load_inputs(arrs: StepArrays, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor) -> None:
+    for dst, src in ((arrs.q[0], q), (arrs.qd[0], qd), (arrs.targets, targets)):
+        wp.copy(dst, wp.from_torch(src.detach().contiguous()))
+
+
+class _WarpControlStep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor):  # type: ignore[override]
+        grad = any(ctx.needs_input_grad[1:])
+        arrs = allocate_step(model, q.shape[0], requires_grad=grad)
+        with _warp_stream(model):
+            _load_inputs(arrs, q, qd, targets)
+            if grad:
+                tape = wp.Tape()
+                with tape:
+                    run_control_step(model, arrs)
+                ctx.tape, ctx.arrs, ctx.model = tape, arrs, model
+            else:
+                run_control_step(model, arrs)
+            S = model.params.substeps
+            outs = [wp.to_torch(a).clone() for a in (arrs.q[S], arrs.qd[S], arrs.impulse, arrs.depth)]
+        ctx.mark_non_differentiable(outs[3])
+        return tuple(outs)
+
+    @staticmethod
+    def backward(ctx, g_q: torch.Tensor, g_qd: torch.Tensor, g_imp: torch.Tensor, _g_depth: torch.Tensor):  # type: ignore[override]
+        tape = getattr(ctx, "tape", None)
+        if tape is None:
+            raise RuntimeError("bcg.sim.step: backward called twice through the same step (retain_graph is not "
+                               "supported by the Warp tape)")
+        arrs, model = ctx.arrs, ctx.model
+        S = model.params.substeps
+        with _warp_stream(model):
+            grads = {
+                arrs.q[S]: wp.from_torch(g_q.contiguous()),
+                arrs.qd[S]: wp.from_torch(g_qd.contiguous()),
+                arrs.impulse: wp.from_torch(g_imp.contiguous()),
+            }
+            tape.backward(grads=grads)
+            out = tuple(wp.to_torch(a.grad).clone() for a in (arrs.q[0], arrs.qd[0], arrs.targets))
+            tape.zero()
+        ctx.tape = None
+        ctx.arrs = None
+        return (None, *out)
+
+
+def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor
+         ) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
+    """One differentiable control step: ``model.params.substeps`` physics substeps with the PD targets held.
+
+    Args:
+        model: from :func:`bcg.sim.load_model`.
+        q: qpos [N, nq] float32 (MuJoCo layout, root quaternion w, x, y, z).
+        qd: qvel [N, nv] float32 (root linear velocity in the world frame, angular velocity in the body frame).
+        targets: PD position targets [N, nu] float32 [rad], in actuator order.
+    Returns:
+        ``(q_next [N, nq], qd_next [N, nv], ContactReport)``. Gradients flow to ``q``, ``qd`` and ``targets``
+        from ``q_next``, ``qd_next`` and the contact impulses (``impulse``, ``peak_force``); ``penetration``
+        carries none.
+    """
+    n = _check(model, "q", q, model.nq, None)
+    _check(model, "qd", qd, model.nv, n)
+    _check(model, "targets", targets, model.nu, n)
+    if bool((q[:, 3:7].norm(dim=1) < 1e-6).any()):
+        raise ValueError("q has a root quaternion of (near) zero norm")
+    q_next, qd_next, impulses, depth = _WarpControlStep.apply(model, q, qd, targets)
+    report = ContactReport(
+        impulse=impulses.sum(1),
+        peak_force=impulses.amax(1) / model.params.dt,
+        penetration=depth[:, -1],
+    )
+    return q_next, qd_next, report
+
+
+def _dynamics_terms(model: SimModel, q: torch.Tensor, qd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    n = q.shape[0]
+    arrs = allocate_step(model, n, requires_grad=False)
+    targets = torch.zeros(n, model.nu, dtype=torch.float32, device=q.device)
+    with _warp_stream(model):
+        _load_inputs(arrs, q, qd, targets)
+        H, neg_bias = run_dynamics_terms(model, arrs)
+        return wp.to_torch(H).clone(), -wp.to_torch(neg_bias).clone()
+
+
+def mass_matrix(model: SimModel, q: torch.Tensor) -> torch.Tensor:
+    """Joint-space mass matrix [N, nv, nv] with armature (MuJoCo's ``mj_fullM``), from the Warp kernels.
+
+    Not differentiable (use :func:`bcg.sim.reference.mass_matrix` for a differentiable float64 version).
+    """
+    n = _check(model, "q", q, model.nq, None)
+    return _dynamics_terms(model, q, torch.zeros(n, model.nv, dtype=q.dtype, device=q.device))[0]
+
+
+def bias_forces(model: SimModel, q: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
+    """Coriolis, centrifugal and gravity forces [N, nv] (MuJoCo's ``qfrc_bias``), from the Warp kernels."""
+    n = _check(model, "q", q, model.nq, None)
+    _check(model, "qd", qd, model.nv, n)
+    return _dynamics_terms(model, q, qd)[1]

@@ -1,0 +1,228 @@
+"""Warp-side driver: the model's device arrays, per-substep scratch, and the launch sequence of a control step.
+
+Nothing here touches torch. :mod:`bcg.sim.step` wraps :func:`run_control_step` in a ``torch.autograd.Function``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import warp as wp
+
+from bcg.sim import kernels as K
+from bcg.sim.model import SimModel
+
+__all__ = ["ModelArrays", "StepArrays", "model_arrays", "allocate_step", "run_control_step", "run_dynamics_terms"]
+
+
+@dataclass(frozen=True)
+class ModelArrays:
+    """Device copies of the :class:`SimModel` fields the kernels read (float32 / int32)."""
+
+    body_parent: wp.array
+    body_pos: wp.array
+    body_quat: wp.array  # x, y, z, w (Warp order)
+    body_axis: wp.array
+    body_mass: wp.array
+    body_com: wp.array
+    body_inertia: wp.array
+    body_subtree_end: wp.array
+    body_last_dof: wp.array
+    dof_body: wp.array
+    dof_ancestors: wp.array
+    dof_ancestor_count: wp.array
+    dof_armature: wp.array
+    dof_damping: wp.array
+    dof_actuator: wp.array
+    dof_no_actuator: wp.array
+    dof_zero: wp.array
+    kp: wp.array
+    kd: wp.array
+    torque_limit: wp.array
+    sphere_body: wp.array
+    sphere_pos: wp.array
+    sphere_radius: wp.array
+    sphere_foot: wp.array
+    foot_body: wp.array
+    gravity: wp.vec3
+
+
+def _build_arrays(model: SimModel) -> ModelArrays:
+    d = model.device
+
+    def f32(x: np.ndarray, dtype: type = float) -> wp.array:
+        return wp.array(np.ascontiguousarray(x, dtype=np.float32), dtype=dtype, device=d)
+
+    def i32(x: np.ndarray) -> wp.array:
+        return wp.array(np.ascontiguousarray(x, dtype=np.int32), dtype=int, device=d)
+
+    quat_xyzw = model.body_quat_wxyz[:, [1, 2, 3, 0]]
+    limit = np.where(np.isfinite(model.torque_limit), model.torque_limit, 1e30)
+    return ModelArrays(
+        body_parent=i32(model.body_parent),
+        body_pos=f32(model.body_pos, wp.vec3),
+        body_quat=f32(quat_xyzw, wp.quat),
+        body_axis=f32(model.body_axis, wp.vec3),
+        body_mass=f32(model.body_mass),
+        body_com=f32(model.body_com, wp.vec3),
+        body_inertia=f32(model.body_inertia, wp.mat33),
+        body_subtree_end=i32(model.body_subtree_end),
+        body_last_dof=i32(model.body_last_dof),
+        dof_body=i32(model.dof_body),
+        dof_ancestors=i32(model.dof_ancestors),
+        dof_ancestor_count=i32(model.dof_ancestor_count),
+        dof_armature=f32(model.dof_armature),
+        dof_damping=f32(model.dof_damping),
+        dof_actuator=i32(model.dof_actuator),
+        dof_no_actuator=i32(np.full(model.nv, -1)),
+        dof_zero=f32(np.zeros(model.nv)),
+        kp=f32(model.kp),
+        kd=f32(model.kd),
+        torque_limit=f32(limit),
+        sphere_body=i32(model.sphere_body),
+        sphere_pos=f32(model.sphere_pos.reshape(-1, 3), wp.vec3),
+        sphere_radius=f32(model.sphere_radius),
+        sphere_foot=i32(model.sphere_foot),
+        foot_body=i32(model.foot_body),
+        gravity=wp.vec3(*[float(g) for g in model.gravity]),
+    )
+
+
+@dataclass
+class _Cache:
+    arrays: ModelArrays | None = None
+    workspaces: dict = field(default_factory=dict)
+
+
+def model_arrays(model: SimModel) -> ModelArrays:
+    """The model's device arrays, built on first use and cached on the model."""
+    cache = model.warp
+    if cache is None:
+        cache = _Cache()
+        object.__setattr__(model, "warp", cache)
+    if cache.arrays is None:
+        cache.arrays = _build_arrays(model)
+    return cache.arrays
+
+
+class StepArrays:
+    """All arrays one control step writes: S + 1 states and S substeps of write-once scratch.
+
+    ``q[0]``, ``qd[0]`` and ``targets`` are the inputs (filled by the caller); ``q[S]``, ``qd[S]`` the outputs;
+    ``impulse`` and ``depth`` [N, S, nc] the per-substep normal impulses [N s] and penetrations [m].
+    """
+
+    def __init__(self, model: SimModel, n: int, requires_grad: bool):
+        p = model.params
+        nb, nv, nc, nf, nu = model.nb, model.nv, model.nc, model.nf, model.nu
+        nr, nf6, it = 3 * nc, 6 * nf, p.iterations
+        dev = model.device
+
+        def zeros(shape: tuple, dtype: type = float) -> wp.array:
+            return wp.zeros(shape, dtype=dtype, device=dev, requires_grad=requires_grad)
+
+        def empty(shape: tuple, dtype: type = float) -> wp.array:
+            return wp.empty(shape, dtype=dtype, device=dev, requires_grad=requires_grad)
+
+        self.n = n
+        self.requires_grad = requires_grad
+        self.q = [empty((n, model.nq)) for _ in range(p.substeps + 1)]
+        self.qd = [empty((n, nv)) for _ in range(p.substeps + 1)]
+        self.targets = empty((n, nu))
+        self.impulse = empty((n, p.substeps, nc))
+        self.depth = empty((n, p.substeps, nc))
+        self.sub = []
+        for _ in range(p.substeps):
+            self.sub.append(dict(
+                X_w=empty((n, nb), wp.transform), S=empty((n, nv), wp.spatial_vector),
+                v_b=empty((n, nb), wp.spatial_vector), a_b=empty((n, nb), wp.spatial_vector),
+                IO_w=empty((n, nb), wp.mat33), h_w=empty((n, nb), wp.vec3), f_b=empty((n, nb), wp.spatial_vector),
+                IC_O=empty((n, nb), wp.mat33), IC_h=empty((n, nb), wp.vec3), IC_m=empty((n, nb)),
+                F_sub=empty((n, nb), wp.spatial_vector),
+                H=zeros((n, nv, nv)), tau=empty((n, nv)),
+                L=zeros((n, nv, nv)), L_tmp=zeros((n, nv, nv)), y=empty((n, nv)), y_tmp=empty((n, nv)),
+                x=empty((n, nv)), x_tmp=empty((n, nv)), v_free=empty((n, nv)),
+                J_foot=zeros((n, nf6, nv)), foot_twist=empty((n, max(nf, 1)), wp.spatial_vector),
+                Y=empty((n, nf6, nv)), Y_tmp=empty((n, nf6, nv)), Lam=empty((n, nf6, nf6)),
+                G=empty((n, nr), wp.spatial_vector), P=empty((n, nr, nf6)), A=empty((n, nr, nr)),
+                w=empty((n, nr)), s_act=empty((n, nc)), depth=empty((n, nc)),
+                lam=zeros((n, it + 1, nr)), residual=empty((n, it, nr)),
+                foot_impulse=empty((n, nf), wp.spatial_vector), z=empty((n, nv)), dv_tmp=empty((n, nv)),
+                dv=empty((n, nv)),
+            ))
+
+    def reset_for_reuse(self) -> None:
+        """Re-zero the partially written scratch so that the arrays can serve another step (no-grad use only)."""
+        for s in self.sub:
+            s["H"].zero_()
+            s["J_foot"].zero_()
+
+
+def allocate_step(model: SimModel, n: int, requires_grad: bool) -> StepArrays:
+    """Fresh arrays for one step (with a tape), or a cached, reused set (without gradients)."""
+    if requires_grad:
+        return StepArrays(model, n, True)
+    model_arrays(model)
+    key = (n,)
+    ws = model.warp.workspaces.get(key)
+    if ws is None:
+        ws = StepArrays(model, n, False)
+        model.warp.workspaces[key] = ws
+    else:
+        ws.reset_for_reuse()
+    return ws
+
+
+def run_control_step(model: SimModel, arrs: StepArrays) -> None:
+    """Launch the S substeps of one control step on ``arrs`` (inputs already in q[0], qd[0], targets)."""
+    m = model_arrays(model)
+    p = model.params
+    n, dev = arrs.n, model.device
+    for k in range(p.substeps):
+        s = arrs.sub[k]
+        q, qd = arrs.q[k], arrs.qd[k]
+        wp.launch(K.fk_rnea, dim=n, device=dev,
+                  inputs=[q, qd, m.body_parent, m.body_pos, m.body_quat, m.body_axis, m.body_mass, m.body_com,
+                          m.body_inertia, m.gravity],
+                  outputs=[s["X_w"], s["S"], s["v_b"], s["a_b"], s["IO_w"], s["h_w"], s["f_b"]])
+        wp.launch(K.composite, dim=n, device=dev, inputs=[m.body_mass, m.body_subtree_end, s["IO_w"], s["h_w"],
+                                                          s["f_b"]],
+                  outputs=[s["IC_O"], s["IC_h"], s["IC_m"], s["F_sub"]])
+        wp.launch(K.mass_tau, dim=n, device=dev,
+                  inputs=[q, qd, arrs.targets, m.dof_body, m.dof_ancestors, m.dof_ancestor_count, m.dof_armature,
+                          m.dof_damping, m.dof_actuator, m.kp, m.kd, m.torque_limit, p.dt, s["S"], s["IC_O"],
+                          s["IC_h"], s["IC_m"], s["F_sub"]],
+                  outputs=[s["H"], s["tau"]])
+        wp.launch(K.cholesky_free, dim=n, device=dev, inputs=[qd, s["H"], s["tau"], p.dt],
+                  outputs=[s["L"], s["L_tmp"], s["y"], s["y_tmp"], s["x"], s["x_tmp"], s["v_free"]])
+        wp.launch(K.contact_setup, dim=n, device=dev,
+                  inputs=[s["X_w"], s["S"], m.sphere_body, m.sphere_pos, m.sphere_radius, m.sphere_foot,
+                          m.foot_body, m.body_last_dof, m.dof_ancestors, m.dof_ancestor_count, s["L"],
+                          s["v_free"], p.kappa, p.beta, p.dt],
+                  outputs=[s["J_foot"], s["foot_twist"], s["Y"], s["Y_tmp"], s["Lam"], s["G"], s["P"], s["A"],
+                           s["w"], s["s_act"], s["depth"]])
+        wp.launch(K.pgs, dim=n, device=dev, inputs=[s["A"], s["w"], s["s_act"], s["depth"], p.mu, p.iterations, k],
+                  outputs=[s["lam"], s["residual"], arrs.impulse, arrs.depth])
+        wp.launch(K.apply_integrate, dim=n, device=dev,
+                  inputs=[q, s["v_free"], s["Y"], s["G"], s["L"], s["lam"], m.sphere_foot, p.iterations, p.dt],
+                  outputs=[s["foot_impulse"], s["z"], s["dv_tmp"], s["dv"], arrs.q[k + 1], arrs.qd[k + 1]])
+
+
+def run_dynamics_terms(model: SimModel, arrs: StepArrays) -> tuple[wp.array, wp.array]:
+    """Mass matrix (armature included) and bias forces at (q[0], qd[0]) of ``arrs``: returns (H, -bias)."""
+    m = model_arrays(model)
+    s, n, dev = arrs.sub[0], arrs.n, model.device
+    q, qd = arrs.q[0], arrs.qd[0]
+    wp.launch(K.fk_rnea, dim=n, device=dev,
+              inputs=[q, qd, m.body_parent, m.body_pos, m.body_quat, m.body_axis, m.body_mass, m.body_com,
+                      m.body_inertia, m.gravity],
+              outputs=[s["X_w"], s["S"], s["v_b"], s["a_b"], s["IO_w"], s["h_w"], s["f_b"]])
+    wp.launch(K.composite, dim=n, device=dev, inputs=[m.body_mass, m.body_subtree_end, s["IO_w"], s["h_w"], s["f_b"]],
+              outputs=[s["IC_O"], s["IC_h"], s["IC_m"], s["F_sub"]])
+    wp.launch(K.mass_tau, dim=n, device=dev,
+              inputs=[q, qd, arrs.targets, m.dof_body, m.dof_ancestors, m.dof_ancestor_count, m.dof_armature,
+                      m.dof_zero, m.dof_no_actuator, m.kp, m.kd, m.torque_limit, 0.0, s["S"], s["IC_O"], s["IC_h"],
+                      s["IC_m"], s["F_sub"]],
+              outputs=[s["H"], s["tau"]])
+    return s["H"], s["tau"]

@@ -1,0 +1,533 @@
+"""Warp kernels of one physics substep, one thread per environment (float32).
+
+The algorithm is the one of :mod:`bcg.sim.reference` (read that module for the maths). One substep is seven
+launches: ``fk_rnea`` -> ``composite`` -> ``mass_tau`` -> ``cholesky_free`` -> ``contact_setup`` -> ``pgs`` ->
+``apply_integrate``. Spatial vectors are (angular, linear) about the world origin; Warp quaternions are x, y, z, w
+inside the kernels, while the state arrays ``q`` keep MuJoCo's w, x, y, z.
+
+Autodiff discipline (docs: SIM_NOTES.md section 9). Every loop bound is a run-time value, so Warp does not unroll
+the loops, and its adjoint of a dynamic loop does not replay loop-carried values. Therefore:
+
+* a loop-carried accumulator is only ever updated linearly (``acc = acc + x * y`` of array loads), and it is stored
+  to a write-once array slot and re-loaded before any non-linear use (``sqrt``, division, product, clamp);
+* no ``while`` loops: tree walks go over a precomputed ancestor table;
+* every array is written once per substep (the caller gives each substep its own scratch);
+* the logistic is written as ``0.5 * (1 + tanh(x / 2))`` so its adjoint cannot overflow;
+* ``sqrt`` of the friction norm is only taken inside the branch where the norm is positive.
+"""
+
+from __future__ import annotations
+
+import warp as wp
+
+wp.config.quiet = True
+
+__all__ = [
+    "fk_rnea",
+    "composite",
+    "mass_tau",
+    "cholesky_free",
+    "contact_setup",
+    "pgs",
+    "apply_integrate",
+    "sum_squares_carried",
+    "sum_squares_reloaded",
+]
+
+
+@wp.func
+def crossm(v: wp.spatial_vector, m: wp.spatial_vector):
+    """Spatial motion cross product v x m."""
+    w = wp.spatial_top(v)
+    vo = wp.spatial_bottom(v)
+    mw = wp.spatial_top(m)
+    mv = wp.spatial_bottom(m)
+    return wp.spatial_vector(wp.cross(w, mw), wp.cross(w, mv) + wp.cross(vo, mw))
+
+
+@wp.func
+def crossf(v: wp.spatial_vector, f: wp.spatial_vector):
+    """Spatial force cross product v x* f."""
+    w = wp.spatial_top(v)
+    vo = wp.spatial_bottom(v)
+    n = wp.spatial_top(f)
+    ff = wp.spatial_bottom(f)
+    return wp.spatial_vector(wp.cross(w, n) + wp.cross(vo, ff), wp.cross(w, ff))
+
+
+@wp.func
+def inertia_apply(IO: wp.mat33, h: wp.vec3, m: float, v: wp.spatial_vector):
+    """Spatial inertia (rotational inertia about the origin, first moment m c, mass) times a motion vector."""
+    w = wp.spatial_top(v)
+    vo = wp.spatial_bottom(v)
+    return wp.spatial_vector(IO * w + wp.cross(h, vo), m * vo + wp.cross(w, h))
+
+
+@wp.func
+def sigmoid(x: float):
+    return 0.5 * (1.0 + wp.tanh(0.5 * x))
+
+
+@wp.kernel
+def fk_rnea(
+    q: wp.array2d(dtype=float),
+    qd: wp.array2d(dtype=float),
+    body_parent: wp.array(dtype=int),
+    body_pos: wp.array(dtype=wp.vec3),
+    body_quat: wp.array(dtype=wp.quat),
+    body_axis: wp.array(dtype=wp.vec3),
+    body_mass: wp.array(dtype=float),
+    body_com: wp.array(dtype=wp.vec3),
+    body_inertia: wp.array(dtype=wp.mat33),
+    gravity: wp.vec3,
+    # outputs
+    X_w: wp.array2d(dtype=wp.transform),
+    S: wp.array2d(dtype=wp.spatial_vector),
+    v_b: wp.array2d(dtype=wp.spatial_vector),
+    a_b: wp.array2d(dtype=wp.spatial_vector),
+    IO_w: wp.array2d(dtype=wp.mat33),
+    h_w: wp.array2d(dtype=wp.vec3),
+    f_b: wp.array2d(dtype=wp.spatial_vector),
+):
+    """Forward kinematics, motion subspaces S [N, nv], twists, bias accelerations and RNEA body forces."""
+    e = wp.tid()
+    nb = body_parent.shape[0]
+    for i in range(nb):
+        X = wp.transform_identity()
+        v = wp.spatial_vector()
+        a = wp.spatial_vector()
+        if i == 0:
+            r = wp.normalize(wp.quat(q[e, 4], q[e, 5], q[e, 6], q[e, 3]))
+            p0 = wp.vec3(q[e, 0], q[e, 1], q[e, 2])
+            X = wp.transform(p0, r)
+            v_lin = wp.vec3(qd[e, 0], qd[e, 1], qd[e, 2])
+            omega = wp.quat_rotate(r, wp.vec3(qd[e, 3], qd[e, 4], qd[e, 5]))
+            v = wp.spatial_vector(omega, v_lin + wp.cross(p0, omega))
+            a = wp.spatial_vector(wp.vec3(), wp.cross(v_lin, omega) - gravity)
+            for k in range(3):
+                ek = wp.vec3()
+                ek[k] = 1.0
+                S[e, k] = wp.spatial_vector(wp.vec3(), ek)
+                ak = wp.quat_rotate(r, ek)
+                S[e, 3 + k] = wp.spatial_vector(ak, wp.cross(p0, ak))
+        else:
+            par = body_parent[i]
+            X_j = wp.transform(body_pos[i], body_quat[i]) * wp.transform(
+                wp.vec3(), wp.quat_from_axis_angle(body_axis[i], q[e, 6 + i]))
+            X = X_w[e, par] * X_j
+            a_w = wp.quat_rotate(wp.transform_get_rotation(X), body_axis[i])
+            S_i = wp.spatial_vector(a_w, wp.cross(wp.transform_get_translation(X), a_w))
+            S[e, 5 + i] = S_i
+            v_j = S_i * qd[e, 5 + i]
+            v = v_b[e, par] + v_j
+            a = a_b[e, par] + crossm(v, v_j)
+        X_w[e, i] = X
+        v_b[e, i] = v
+        a_b[e, i] = a
+        R = wp.quat_to_matrix(wp.transform_get_rotation(X))
+        c = wp.transform_point(X, body_com[i])
+        m = body_mass[i]
+        IO = R * body_inertia[i] * wp.transpose(R) + m * (
+            wp.dot(c, c) * wp.identity(n=3, dtype=float) - wp.outer(c, c))
+        h = m * c
+        IO_w[e, i] = IO
+        h_w[e, i] = h
+        f_b[e, i] = inertia_apply(IO, h, m, a) + crossf(v, inertia_apply(IO, h, m, v))
+
+
+@wp.kernel
+def composite(
+    body_mass: wp.array(dtype=float),
+    body_subtree_end: wp.array(dtype=int),
+    IO_w: wp.array2d(dtype=wp.mat33),
+    h_w: wp.array2d(dtype=wp.vec3),
+    f_b: wp.array2d(dtype=wp.spatial_vector),
+    # outputs
+    IC_O: wp.array2d(dtype=wp.mat33),
+    IC_h: wp.array2d(dtype=wp.vec3),
+    IC_m: wp.array2d(dtype=float),
+    F_sub: wp.array2d(dtype=wp.spatial_vector),
+):
+    """Subtree sums: composite inertias (CRBA) and accumulated RNEA forces (bodies in depth-first order)."""
+    e = wp.tid()
+    nb = body_mass.shape[0]
+    for i in range(nb):
+        IO = wp.mat33()
+        h = wp.vec3()
+        m = float(0.0)
+        f = wp.spatial_vector()
+        for j in range(i, body_subtree_end[i]):
+            IO = IO + IO_w[e, j]
+            h = h + h_w[e, j]
+            m = m + body_mass[j]
+            f = f + f_b[e, j]
+        IC_O[e, i] = IO
+        IC_h[e, i] = h
+        IC_m[e, i] = m
+        F_sub[e, i] = f
+
+
+@wp.kernel
+def mass_tau(
+    q: wp.array2d(dtype=float),
+    qd: wp.array2d(dtype=float),
+    targets: wp.array2d(dtype=float),
+    dof_body: wp.array(dtype=int),
+    dof_ancestors: wp.array2d(dtype=int),
+    dof_ancestor_count: wp.array(dtype=int),
+    dof_armature: wp.array(dtype=float),
+    dof_damping: wp.array(dtype=float),
+    dof_actuator: wp.array(dtype=int),
+    kp: wp.array(dtype=float),
+    kd: wp.array(dtype=float),
+    torque_limit: wp.array(dtype=float),
+    dt: float,
+    S: wp.array2d(dtype=wp.spatial_vector),
+    IC_O: wp.array2d(dtype=wp.mat33),
+    IC_h: wp.array2d(dtype=wp.vec3),
+    IC_m: wp.array2d(dtype=float),
+    F_sub: wp.array2d(dtype=wp.spatial_vector),
+    # outputs
+    H: wp.array3d(dtype=float),
+    tau: wp.array2d(dtype=float),
+):
+    """Mass matrix H [N, nv, nv] (armature, implicit damping and PD on the diagonal) and the force tau [N, nv].
+
+    H must arrive zeroed: only the entries of ancestor pairs are written.
+    """
+    e = wp.tid()
+    nv = dof_body.shape[0]
+    for a in range(nv):
+        i = dof_body[a]
+        S_a = S[e, a]
+        F = inertia_apply(IC_O[e, i], IC_h[e, i], IC_m[e, i], S_a)
+        h_diag = dof_armature[a] + dt * dof_damping[a]
+        u = -wp.dot(S_a, F_sub[e, i]) - dof_damping[a] * qd[e, a]
+        act = dof_actuator[a]
+        if act >= 0:
+            # linearly implicit PD: tau(qd+) = kp (q* - q - dt qd+) - kd qd+, i.e. H += dt kd + dt^2 kp. A
+            # saturated actuator delivers a constant torque, so it adds no implicit stiffness.
+            pd = kp[act] * (targets[e, act] - q[e, a + 1] - dt * qd[e, a]) - kd[act] * qd[e, a]
+            lim = torque_limit[act]
+            if pd > lim:
+                pd = lim
+            elif pd < -lim:
+                pd = -lim
+            else:
+                h_diag = h_diag + dt * (kd[act] + dt * kp[act])
+            u = u + pd
+        tau[e, a] = u
+        H[e, a, a] = wp.dot(S_a, F) + h_diag
+        for k in range(dof_ancestor_count[a]):
+            b = dof_ancestors[a, k]
+            h_ab = wp.dot(S[e, b], F)
+            H[e, a, b] = h_ab
+            H[e, b, a] = h_ab
+
+
+@wp.kernel
+def cholesky_free(
+    qd: wp.array2d(dtype=float),
+    H: wp.array3d(dtype=float),
+    tau: wp.array2d(dtype=float),
+    dt: float,
+    # outputs
+    L: wp.array3d(dtype=float),
+    L_tmp: wp.array3d(dtype=float),
+    y: wp.array2d(dtype=float),
+    y_tmp: wp.array2d(dtype=float),
+    x: wp.array2d(dtype=float),
+    x_tmp: wp.array2d(dtype=float),
+    v_free: wp.array2d(dtype=float),
+):
+    """H = L L^T (dense Cholesky), x = H^-1 tau, free velocity v* = qd + dt x."""
+    e = wp.tid()
+    nv = qd.shape[1]
+    for j in range(nv):
+        s = H[e, j, j]
+        for k in range(j):
+            s = s - L[e, j, k] * L[e, j, k]
+        L_tmp[e, j, j] = s  # store-and-reload before sqrt (loop-carried value)
+        l_jj = wp.sqrt(L_tmp[e, j, j])
+        L[e, j, j] = l_jj
+        for i in range(j + 1, nv):
+            t = H[e, i, j]
+            for k in range(j):
+                t = t - L[e, i, k] * L[e, j, k]
+            L_tmp[e, i, j] = t
+            L[e, i, j] = L_tmp[e, i, j] / l_jj
+    for i in range(nv):
+        t = tau[e, i]
+        for k in range(i):
+            t = t - L[e, i, k] * y[e, k]
+        y_tmp[e, i] = t
+        y[e, i] = y_tmp[e, i] / L[e, i, i]
+    for ii in range(nv):
+        i = nv - 1 - ii
+        t = y[e, i]
+        for k in range(i + 1, nv):
+            t = t - L[e, k, i] * x[e, k]
+        x_tmp[e, i] = t
+        x[e, i] = x_tmp[e, i] / L[e, i, i]
+    for a in range(nv):
+        v_free[e, a] = qd[e, a] + dt * x[e, a]
+
+
+@wp.kernel
+def contact_setup(
+    X_w: wp.array2d(dtype=wp.transform),
+    S: wp.array2d(dtype=wp.spatial_vector),
+    sphere_body: wp.array(dtype=int),
+    sphere_pos: wp.array(dtype=wp.vec3),
+    sphere_radius: wp.array(dtype=float),
+    sphere_foot: wp.array(dtype=int),
+    foot_body: wp.array(dtype=int),
+    body_last_dof: wp.array(dtype=int),
+    dof_ancestors: wp.array2d(dtype=int),
+    dof_ancestor_count: wp.array(dtype=int),
+    L: wp.array3d(dtype=float),
+    v_free: wp.array2d(dtype=float),
+    kappa: float,
+    beta: float,
+    dt: float,
+    # outputs
+    J_foot: wp.array3d(dtype=float),
+    foot_twist: wp.array2d(dtype=wp.spatial_vector),
+    Y: wp.array3d(dtype=float),
+    Y_tmp: wp.array3d(dtype=float),
+    Lam: wp.array3d(dtype=float),
+    G: wp.array2d(dtype=wp.spatial_vector),
+    P: wp.array3d(dtype=float),
+    A: wp.array3d(dtype=float),
+    w: wp.array2d(dtype=float),
+    s_act: wp.array2d(dtype=float),
+    depth: wp.array2d(dtype=float),
+):
+    """Contact rows, Delassus matrix A = J H^-1 J^T [N, 3nc, 3nc] and bias w [N, 3nc].
+
+    Each sphere has a normal (e_z) and two tangent (e_x, e_y) rows at its lowest point p; row r is G_r^T J_foot
+    with the spatial force G_r = (p x n, n), so only the 6 rows of each contact body need a solve with L:
+    Y = L^-1 J_foot^T, Lam = Y Y^T, A = G Lam G^T. J_foot must arrive zeroed.
+    """
+    e = wp.tid()
+    nc = sphere_body.shape[0]
+    nf = foot_body.shape[0]
+    nv = v_free.shape[1]
+    for f in range(nf):
+        a0 = body_last_dof[foot_body[f]]
+        S0 = S[e, a0]
+        for m6 in range(6):
+            J_foot[e, 6 * f + m6, a0] = S0[m6]
+        t = S0 * v_free[e, a0]
+        for k in range(dof_ancestor_count[a0]):
+            b = dof_ancestors[a0, k]
+            S_b = S[e, b]
+            for m6 in range(6):
+                J_foot[e, 6 * f + m6, b] = S_b[m6]
+            t = t + S_b * v_free[e, b]
+        foot_twist[e, f] = t
+    for c in range(nc):
+        f = sphere_foot[c]
+        rad = sphere_radius[c]
+        pc = wp.transform_point(X_w[e, sphere_body[c]], sphere_pos[c])
+        d = rad - pc[2]
+        depth[e, c] = d
+        s_act[e, c] = sigmoid(kappa * d)
+        p = wp.vec3(pc[0], pc[1], pc[2] - rad)
+        for k in range(3):
+            n = wp.vec3()
+            n[(k + 2) % 3] = 1.0  # k = 0: e_z (normal), 1: e_x, 2: e_y
+            G_r = wp.spatial_vector(wp.cross(p, n), n)
+            r = 3 * c + k
+            G[e, r] = G_r
+            w_r = wp.dot(G_r, foot_twist[e, f])
+            if k == 0:
+                w_r = w_r - beta * wp.max(d, 0.0) / dt
+            w[e, r] = w_r
+    for r in range(6 * nf):
+        for i in range(nv):
+            t2 = J_foot[e, r, i]
+            for k2 in range(i):
+                t2 = t2 - L[e, i, k2] * Y[e, r, k2]
+            Y_tmp[e, r, i] = t2
+            Y[e, r, i] = Y_tmp[e, r, i] / L[e, i, i]
+    for r1 in range(6 * nf):
+        for r2 in range(r1 + 1):
+            acc = float(0.0)
+            for i in range(nv):
+                acc = acc + Y[e, r1, i] * Y[e, r2, i]
+            Lam[e, r1, r2] = acc
+            if r2 < r1:
+                Lam[e, r2, r1] = acc
+    for r in range(3 * nc):
+        f = sphere_foot[r // 3]
+        G_r = G[e, r]
+        for j in range(6 * nf):
+            acc = float(0.0)
+            for m6 in range(6):
+                acc = acc + G_r[m6] * Lam[e, 6 * f + m6, j]
+            P[e, r, j] = acc
+    for r1 in range(3 * nc):
+        for r2 in range(3 * nc):
+            f2 = sphere_foot[r2 // 3]
+            G2 = G[e, r2]
+            acc = float(0.0)
+            for m6 in range(6):
+                acc = acc + P[e, r1, 6 * f2 + m6] * G2[m6]
+            A[e, r1, r2] = acc
+
+
+@wp.kernel
+def pgs(
+    A: wp.array3d(dtype=float),
+    w: wp.array2d(dtype=float),
+    s_act: wp.array2d(dtype=float),
+    depth: wp.array2d(dtype=float),
+    mu: float,
+    iterations: int,
+    substep: int,
+    # outputs
+    lam: wp.array3d(dtype=float),
+    residual: wp.array3d(dtype=float),
+    impulse: wp.array3d(dtype=float),
+    depth_out: wp.array3d(dtype=float),
+):
+    """Projected Gauss-Seidel with the activation inside the update (METHOD.md 2.2 variant b).
+
+    lam [N, iterations + 1, 3nc] holds the impulses after each sweep (slot 0 is the zero start and is never
+    written). The normal impulses and depths of this substep go to impulse/depth_out[:, substep, :].
+    """
+    e = wp.tid()
+    nc = s_act.shape[1]
+    nr = 3 * nc
+    for it in range(iterations):
+        for c in range(nc):
+            i = 3 * c
+            s = s_act[e, c]
+            acc = w[e, i]
+            for j in range(i):
+                acc = acc + A[e, i, j] * lam[e, it + 1, j]
+            for j in range(i, nr):
+                acc = acc + A[e, i, j] * lam[e, it, j]
+            residual[e, it, i] = acc
+            lam[e, it + 1, i] = wp.max(s * (lam[e, it, i] - residual[e, it, i] / A[e, i, i]), 0.0)
+            i1 = i + 1
+            i2 = i + 2
+            acc1 = w[e, i1]
+            acc2 = w[e, i2]
+            for j in range(i1):
+                acc1 = acc1 + A[e, i1, j] * lam[e, it + 1, j]
+                acc2 = acc2 + A[e, i2, j] * lam[e, it + 1, j]
+            for j in range(i1, nr):
+                acc1 = acc1 + A[e, i1, j] * lam[e, it, j]
+                acc2 = acc2 + A[e, i2, j] * lam[e, it, j]
+            residual[e, it, i1] = acc1
+            residual[e, it, i2] = acc2
+            r1 = residual[e, it, i1]
+            r2 = residual[e, it, i2]
+            a11 = A[e, i1, i1]
+            a12 = A[e, i1, i2]
+            a22 = A[e, i2, i2]
+            det = a11 * a22 - a12 * a12
+            t1 = s * (lam[e, it, i1] - (a22 * r1 - a12 * r2) / det)
+            t2 = s * (lam[e, it, i2] - (a11 * r2 - a12 * r1) / det)
+            limit = mu * lam[e, it + 1, i]
+            norm2 = t1 * t1 + t2 * t2
+            scale = float(1.0)
+            if norm2 > limit * limit:
+                scale = limit / wp.sqrt(norm2)
+            lam[e, it + 1, i1] = t1 * scale
+            lam[e, it + 1, i2] = t2 * scale
+    for c in range(nc):
+        impulse[e, substep, c] = lam[e, iterations, 3 * c]
+        depth_out[e, substep, c] = depth[e, c]
+
+
+@wp.kernel
+def apply_integrate(
+    q: wp.array2d(dtype=float),
+    v_free: wp.array2d(dtype=float),
+    Y: wp.array3d(dtype=float),
+    G: wp.array2d(dtype=wp.spatial_vector),
+    L: wp.array3d(dtype=float),
+    lam: wp.array3d(dtype=float),
+    sphere_foot: wp.array(dtype=int),
+    iterations: int,
+    dt: float,
+    # outputs
+    foot_impulse: wp.array2d(dtype=wp.spatial_vector),
+    z: wp.array2d(dtype=float),
+    dv_tmp: wp.array2d(dtype=float),
+    dv: wp.array2d(dtype=float),
+    q_out: wp.array2d(dtype=float),
+    qd_out: wp.array2d(dtype=float),
+):
+    """v+ = v* + H^-1 J^T lambda (through the foot rows: J^T lambda = L Y^T F), then semi-implicit Euler."""
+    e = wp.tid()
+    nf = foot_impulse.shape[1]
+    nc = sphere_foot.shape[0]
+    nv = v_free.shape[1]
+    for f in range(nf):
+        F = wp.spatial_vector()
+        for r in range(3 * nc):
+            if sphere_foot[r // 3] == f:
+                F = F + G[e, r] * lam[e, iterations, r]
+        foot_impulse[e, f] = F
+    for i in range(nv):
+        acc = float(0.0)
+        for f in range(nf):
+            for m6 in range(6):
+                acc = acc + Y[e, 6 * f + m6, i] * foot_impulse[e, f][m6]
+        z[e, i] = acc
+    for ii in range(nv):
+        i = nv - 1 - ii
+        t = z[e, i]
+        for k in range(i + 1, nv):
+            t = t - L[e, k, i] * dv[e, k]
+        dv_tmp[e, i] = t
+        dv[e, i] = dv_tmp[e, i] / L[e, i, i]
+    for a in range(nv):
+        qd_out[e, a] = v_free[e, a] + dv[e, a]
+    for k in range(3):
+        q_out[e, k] = q[e, k] + dt * qd_out[e, k]
+    # root quaternion (w, x, y, z): q <- normalize(q + dt/2 q (0, omega_body))
+    qw = q[e, 3]
+    qx = q[e, 4]
+    qy = q[e, 5]
+    qz = q[e, 6]
+    wx = qd_out[e, 3]
+    wy = qd_out[e, 4]
+    wz = qd_out[e, 5]
+    hw = 0.5 * dt
+    nw = qw + hw * (-qx * wx - qy * wy - qz * wz)
+    nx = qx + hw * (qw * wx + qy * wz - qz * wy)
+    ny = qy + hw * (qw * wy - qx * wz + qz * wx)
+    nz = qz + hw * (qw * wz + qx * wy - qy * wx)
+    inv = 1.0 / wp.sqrt(nw * nw + nx * nx + ny * ny + nz * nz)
+    q_out[e, 3] = nw * inv
+    q_out[e, 4] = nx * inv
+    q_out[e, 5] = ny * inv
+    q_out[e, 6] = nz * inv
+    for a in range(6, nv):
+        q_out[e, a + 1] = q[e, a + 1] + dt * qd_out[e, a]
+
+
+# Regression kernels for the loop-carried-variable pitfall (SIM_NOTES.md 9.1): y = (sum x)^2.
+@wp.kernel
+def sum_squares_carried(x: wp.array(dtype=float), n: int, y: wp.array(dtype=float)):
+    """The *wrong* pattern, kept to test that the pitfall still exists: the adjoint sees the pre-loop value."""
+    s = float(0.0)
+    for k in range(n):
+        s = s + x[k]
+    y[0] = s * s
+
+
+@wp.kernel
+def sum_squares_reloaded(x: wp.array(dtype=float), n: int, tmp: wp.array(dtype=float), y: wp.array(dtype=float)):
+    """The pattern used throughout this module: store the carried value, re-load it, then use it non-linearly."""
+    s = float(0.0)
+    for k in range(n):
+        s = s + x[k]
+    tmp[0] = s
+    v = tmp[0]
+    y[0] = v * v

@@ -1,0 +1,346 @@
+"""Simulator model: the arrays of a floating-base hinge tree, built from a compiled ``mujoco.MjModel``.
+
+The model is generic: any MJCF whose root body carries one free joint and whose every other body carries exactly
+one hinge joint is accepted (bodies in MuJoCo's depth-first order, so the subtree of body ``i`` is the contiguous
+range ``[i, subtree_end[i])``). Contacts are the collision spheres of the MJCF against the ground plane z = 0.
+
+Index conventions (``nb`` moving bodies, body 0 = the floating root):
+
+* ``qpos`` (``nq = 7 + nb - 1``): root position [m], root quaternion **w, x, y, z**, one hinge angle per body.
+* ``qvel`` (``nv = 6 + nb - 1``): root linear velocity in the world frame [m/s], root angular velocity in the
+  **root body** frame [rad/s], one hinge rate per body. This is MuJoCo's layout, so the engine's mass matrix and
+  bias forces are MuJoCo's ``mj_fullM`` and ``qfrc_bias`` entry for entry.
+* Hinge of body ``i >= 1``: ``qpos[6 + i]``, dof ``5 + i``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ContactParams", "SimModel", "load_model", "UnsupportedModelError"]
+
+
+class UnsupportedModelError(ValueError):
+    """The MJCF uses a feature the engine does not implement (joint type, tree shape, ...)."""
+
+
+@dataclass(frozen=True)
+class ContactParams:
+    """Contact and integration parameters of the engine (METHOD.md section 2.2)."""
+
+    kappa: float = 300.0
+    """Stiffness of the contact activation s(d) = sigmoid(kappa * d), d = penetration [m]; unit 1/m."""
+    beta: float = 0.2
+    """Baumgarte factor: a penetrating sphere is asked to separate at beta * d / h."""
+    mu: float = 0.8
+    """Coulomb friction coefficient of the foot spheres against the ground."""
+    iterations: int = 10
+    """Projected Gauss-Seidel sweeps of the contact solve (fixed, no early exit)."""
+    substeps: int = 4
+    """Physics substeps per control step."""
+    dt: float = 0.005
+    """Physics substep h [s]; the control period is substeps * dt."""
+
+    def __post_init__(self) -> None:
+        checks = {
+            "kappa": self.kappa > 0 and math.isfinite(self.kappa),
+            "beta": 0 <= self.beta <= 1,
+            "mu": self.mu >= 0 and math.isfinite(self.mu),
+            "iterations": self.iterations >= 1,
+            "substeps": self.substeps >= 1,
+            "dt": self.dt > 0 and math.isfinite(self.dt),
+        }
+        expected = {
+            "kappa": "a finite value > 0 [1/m]",
+            "beta": "a value in [0, 1]",
+            "mu": "a finite value >= 0",
+            "iterations": "an integer >= 1",
+            "substeps": "an integer >= 1",
+            "dt": "a finite value > 0 [s]",
+        }
+        for name, ok in checks.items():
+            if not ok:
+                raise ValueError(f"ContactParams.{name} must be {expected[name]}, got {getattr(self, name)!r}")
+
+    @property
+    def control_dt(self) -> float:
+        """Control period [s] = substeps * dt."""
+        return self.substeps * self.dt
+
+
+@dataclass(frozen=True, eq=False)
+class SimModel:
+    """Host-side (numpy, float64) description of the tree plus its Warp copies on ``device``.
+
+    Shapes: ``nb`` bodies, ``nv`` dofs, ``nu`` actuators, ``nc`` contact spheres, ``nf`` contact bodies ("feet").
+    """
+
+    device: str
+    params: ContactParams
+    body_names: tuple[str, ...]
+    joint_names: tuple[str, ...]
+    """Hinge names in qpos order (``nb - 1``)."""
+    body_parent: np.ndarray  # [nb] int, -1 for the root
+    body_pos: np.ndarray  # [nb, 3] joint frame origin in the parent frame at q = 0 [m]
+    body_quat_wxyz: np.ndarray  # [nb, 4] joint frame orientation in the parent frame
+    body_axis: np.ndarray  # [nb, 3] hinge axis in the body frame (root row unused)
+    body_mass: np.ndarray  # [nb] [kg]
+    body_com: np.ndarray  # [nb, 3] centre of mass in the body frame [m]
+    body_inertia: np.ndarray  # [nb, 3, 3] rotational inertia about the COM, body frame [kg m^2]
+    body_subtree_end: np.ndarray  # [nb] int
+    body_last_dof: np.ndarray  # [nb] int: the dof that moves the body last (5 for the root)
+    dof_body: np.ndarray  # [nv] int
+    dof_ancestors: np.ndarray  # [nv, max_depth] int, padded with -1: dofs above dof a, nearest first
+    dof_ancestor_count: np.ndarray  # [nv] int
+    dof_armature: np.ndarray  # [nv] [kg m^2] or [kg]
+    dof_damping: np.ndarray  # [nv] viscous joint damping [N m s/rad]
+    dof_actuator: np.ndarray  # [nv] int: actuator driving the dof, or -1
+    actuator_dof: np.ndarray  # [nu] int
+    kp: np.ndarray  # [nu] position gain [N m/rad]
+    kd: np.ndarray  # [nu] velocity gain [N m s/rad]
+    torque_limit: np.ndarray  # [nu] [N m], inf if unlimited
+    sphere_body: np.ndarray  # [nc] int
+    sphere_pos: np.ndarray  # [nc, 3] centre in the body frame [m]
+    sphere_radius: np.ndarray  # [nc] [m]
+    sphere_foot: np.ndarray  # [nc] int: index of the sphere's body among the contact bodies
+    foot_body: np.ndarray  # [nf] int
+    gravity: np.ndarray  # [3] [m/s^2]
+    total_mass: float
+    mjcf_path: str | None = None
+    warp: Any = field(default=None, repr=False)
+    """Warp arrays of the fields above (a :class:`bcg.sim.kernels.ModelArrays`), created on first use."""
+
+    @property
+    def nb(self) -> int:
+        return len(self.body_parent)
+
+    @property
+    def nq(self) -> int:
+        return 7 + self.nb - 1
+
+    @property
+    def nv(self) -> int:
+        return 6 + self.nb - 1
+
+    @property
+    def nu(self) -> int:
+        return len(self.actuator_dof)
+
+    @property
+    def nc(self) -> int:
+        return len(self.sphere_body)
+
+    @property
+    def nf(self) -> int:
+        return len(self.foot_body)
+
+    def with_params(self, **changes: Any) -> SimModel:
+        """A copy with some :class:`ContactParams` fields replaced (shares the tree arrays)."""
+        params = dataclasses.replace(self.params, **changes)
+        return dataclasses.replace(self, params=params, warp=None)
+
+    def with_gains(self, kp: np.ndarray | None = None, kd: np.ndarray | None = None,
+                   torque_limit: np.ndarray | None = None) -> SimModel:
+        """A copy with other PD gains or torque limits, each of shape [nu]."""
+        new = {}
+        for name, value in (("kp", kp), ("kd", kd), ("torque_limit", torque_limit)):
+            if value is not None:
+                arr = np.asarray(value, dtype=np.float64).reshape(-1)
+                if arr.shape != (self.nu,) or np.any(arr < 0) or np.any(np.isnan(arr)):
+                    raise ValueError(f"{name} must be {self.nu} non-negative values, got shape {arr.shape}")
+                new[name] = arr
+        return dataclasses.replace(self, warp=None, **new)
+
+
+_JOINT_TYPE_NAMES = {0: "free", 1: "ball", 2: "slide", 3: "hinge"}
+
+
+def _quat_to_mat(q_wxyz: np.ndarray) -> np.ndarray:
+    w, x, y, z = q_wxyz / np.linalg.norm(q_wxyz)
+    return np.array([
+        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+    ])
+
+
+def _check_tree(m: Any) -> None:
+    import mujoco
+
+    nb = m.nbody - 1
+    if nb < 1:
+        raise UnsupportedModelError("the model has no moving body")
+    problems = []
+    for b in range(1, m.nbody):
+        name = m.body(b).name or f"body {b}"
+        jnts = [m.body_jntadr[b] + k for k in range(m.body_jntnum[b])]
+        types = [_JOINT_TYPE_NAMES.get(int(m.jnt_type[j]), str(m.jnt_type[j])) for j in jnts]
+        if b == 1:
+            if types != ["free"]:
+                problems.append(f"root body '{name}' must have exactly one free joint, has {types or 'none'}")
+        else:
+            if m.body_parentid[b] == 0:
+                problems.append(f"body '{name}' is a second root (child of the world); only one floating root is "
+                                "supported")
+            if types != ["hinge"]:
+                problems.append(f"body '{name}' must have exactly one hinge joint, has {types or 'none (welded)'}")
+            elif np.any(m.jnt_pos[jnts[0]] != 0):
+                problems.append(f"joint '{m.joint(jnts[0]).name}' has a non-zero pos; joints must sit at the body "
+                                "origin")
+    if problems:
+        raise UnsupportedModelError("the engine supports a free-floating root plus one hinge per body:\n  "
+                                    + "\n  ".join(problems))
+    for a in range(m.nu):
+        if m.actuator_trntype[a] != mujoco.mjtTrn.mjTRN_JOINT:
+            raise UnsupportedModelError(f"actuator '{m.actuator(a).name}' does not act on a joint")
+        gain, bias = m.actuator_gainprm[a], m.actuator_biasprm[a]
+        if m.actuator_gaintype[a] != 0 or m.actuator_biastype[a] != 1 or not np.isclose(bias[1], -gain[0]):
+            raise UnsupportedModelError(f"actuator '{m.actuator(a).name}' is not a position (PD) actuator")
+        if m.actuator_dyntype[a] != 0:
+            raise UnsupportedModelError(f"actuator '{m.actuator(a).name}' has activation dynamics")
+
+
+def _contact_spheres(m: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    import mujoco
+
+    body, pos, radius = [], [], []
+    for g in range(m.ngeom):
+        if m.geom_bodyid[g] == 0 or (m.geom_contype[g] == 0 and m.geom_conaffinity[g] == 0):
+            continue
+        if m.geom_type[g] != mujoco.mjtGeom.mjGEOM_SPHERE:
+            kind = mujoco.mjtGeom(m.geom_type[g]).name
+            raise UnsupportedModelError(f"collision geom '{m.geom(g).name or g}' is a {kind}; only spheres collide "
+                                        "in this engine (set contype=conaffinity=0 on visual geoms)")
+        body.append(int(m.geom_bodyid[g]) - 1)
+        pos.append(m.geom_pos[g].copy())
+        radius.append(float(m.geom_size[g, 0]))
+    order = np.argsort(np.asarray(body, dtype=np.int64), kind="stable")
+    return (np.asarray(body, np.int64)[order], np.asarray(pos, np.float64).reshape(-1, 3)[order],
+            np.asarray(radius, np.float64)[order])
+
+
+def model_from_mujoco(m: Any, device: str = "cpu", params: ContactParams | None = None,
+                      mjcf_path: str | None = None) -> SimModel:
+    """Build a :class:`SimModel` from a compiled ``mujoco.MjModel`` (see the module docstring for what is accepted)."""
+    _check_tree(m)
+    nb = m.nbody - 1
+    nv = 6 + nb - 1
+    parent = np.array([m.body_parentid[b + 1] - 1 for b in range(nb)], np.int64)
+    axis = np.zeros((nb, 3))
+    for b in range(1, nb):
+        axis[b] = m.jnt_axis[m.body_jntadr[b + 1]]
+    inertia = np.zeros((nb, 3, 3))
+    for b in range(nb):
+        R = _quat_to_mat(m.body_iquat[b + 1])
+        inertia[b] = R @ np.diag(m.body_inertia[b + 1]) @ R.T
+    subtree_end = np.arange(nb) + 1
+    for b in reversed(range(1, nb)):
+        subtree_end[parent[b]] = max(subtree_end[parent[b]], subtree_end[b])
+    last_dof = np.array([5] + [5 + b for b in range(1, nb)], np.int64)
+    dof_body = np.array([0] * 6 + list(range(1, nb)), np.int64)
+    dof_parent = np.empty(nv, np.int64)
+    for a in range(nv):
+        dof_parent[a] = a - 1 if a < 6 else last_dof[parent[dof_body[a]]]
+    chains = []
+    for a in range(nv):
+        chain, b = [], dof_parent[a]
+        while b >= 0:
+            chain.append(int(b))
+            b = dof_parent[b]
+        chains.append(chain)
+    depth = max(1, max(len(c) for c in chains))
+    ancestors = np.full((nv, depth), -1, np.int64)
+    for a, chain in enumerate(chains):
+        ancestors[a, : len(chain)] = chain
+    count = np.array([len(c) for c in chains], np.int64)
+
+    dof_actuator = np.full(nv, -1, np.int64)
+    actuator_dof = np.array([m.jnt_dofadr[m.actuator_trnid[a, 0]] for a in range(m.nu)], np.int64)
+    if np.any(actuator_dof < 6):
+        raise UnsupportedModelError("an actuator drives the free joint; only hinge actuators are supported")
+    if len(set(actuator_dof.tolist())) != len(actuator_dof):
+        raise UnsupportedModelError("two actuators drive the same joint")
+    dof_actuator[actuator_dof] = np.arange(m.nu)
+    kp = np.array([m.actuator_gainprm[a, 0] for a in range(m.nu)], np.float64)
+    kd = np.array([-m.actuator_biasprm[a, 2] for a in range(m.nu)], np.float64)
+    limit = np.full(m.nu, np.inf)
+    for a in range(m.nu):
+        jnt = m.actuator_trnid[a, 0]
+        if m.actuator_forcelimited[a]:
+            limit[a] = min(limit[a], abs(m.actuator_forcerange[a, 1]), abs(m.actuator_forcerange[a, 0]))
+        if m.jnt_actfrclimited[jnt]:
+            limit[a] = min(limit[a], abs(m.jnt_actfrcrange[jnt, 1]), abs(m.jnt_actfrcrange[jnt, 0]))
+
+    s_body, s_pos, s_rad = _contact_spheres(m)
+    foot_body = np.unique(s_body)
+    s_foot = np.searchsorted(foot_body, s_body)
+    names = tuple(m.body(b + 1).name for b in range(nb))
+    jnames = tuple(m.joint(m.body_jntadr[b + 1]).name for b in range(1, nb))
+    return SimModel(
+        device=device,
+        params=params or ContactParams(),
+        body_names=names,
+        joint_names=jnames,
+        body_parent=parent,
+        body_pos=m.body_pos[1:].astype(np.float64).copy(),
+        body_quat_wxyz=m.body_quat[1:].astype(np.float64).copy(),
+        body_axis=axis,
+        body_mass=m.body_mass[1:].astype(np.float64).copy(),
+        body_com=m.body_ipos[1:].astype(np.float64).copy(),
+        body_inertia=inertia,
+        body_subtree_end=subtree_end.astype(np.int64),
+        body_last_dof=last_dof,
+        dof_body=dof_body,
+        dof_ancestors=ancestors,
+        dof_ancestor_count=count,
+        dof_armature=m.dof_armature.astype(np.float64).copy(),
+        dof_damping=m.dof_damping.astype(np.float64).copy(),
+        dof_actuator=dof_actuator,
+        actuator_dof=actuator_dof,
+        kp=kp,
+        kd=kd,
+        torque_limit=limit,
+        sphere_body=s_body,
+        sphere_pos=s_pos,
+        sphere_radius=s_rad,
+        sphere_foot=s_foot.astype(np.int64),
+        foot_body=foot_body.astype(np.int64),
+        gravity=m.opt.gravity.astype(np.float64).copy(),
+        total_mass=float(m.body_mass[1:].sum()),
+        mjcf_path=mjcf_path,
+    )
+
+
+def load_model(mjcf_path: str | Path | None = None, device: str = "cpu", **params: Any) -> SimModel:
+    """Compile an MJCF with MuJoCo and build the engine's model from it.
+
+    Args:
+        mjcf_path: path of the MJCF; default: the packaged G1 (``bcg.robots.g1.MJCF_PATH``).
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:K"``.
+        **params: fields of :class:`ContactParams` (``kappa``, ``beta``, ``mu``, ``iterations``, ``substeps``,
+            ``dt``); unknown names raise.
+    """
+    import mujoco
+
+    from bcg.sim.device import check_device
+
+    device = check_device(device)
+    if mjcf_path is None:
+        from bcg.robots.g1 import MJCF_PATH
+
+        mjcf_path = MJCF_PATH
+    path = Path(mjcf_path)
+    if not path.is_file():
+        raise FileNotFoundError(f"MJCF file not found: {path}")
+    known = {f.name for f in dataclasses.fields(ContactParams)}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise TypeError(f"unknown simulator parameter(s) {unknown}; known: {sorted(known)}")
+    m = mujoco.MjModel.from_xml_path(str(path))
+    return model_from_mujoco(m, device=device, params=ContactParams(**params), mjcf_path=str(path))

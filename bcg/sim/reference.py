@@ -1,0 +1,371 @@
+"""The engine's algorithm in plain PyTorch: the test oracle (float64 capable) and a readable specification.
+
+Everything here is batched over environments (leading dimension ``N``) and differentiable with torch autograd.
+It implements exactly what the Warp kernels in :mod:`bcg.sim.kernels` implement, in the same order:
+
+1. forward kinematics, RNEA bias forces and CRBA mass matrix in world-origin spatial coordinates
+   (spatial vectors are (angular, linear); body inertias are kept about the world origin);
+2. free velocity v* = v + h H^-1 tau, where H carries armature, h * damping and the linearly implicit PD term
+   h * kd + h^2 * kp (dropped on a saturated actuator), and tau = clip(PD) - damping * v - bias;
+3. contact: every sphere against z = 0 with penetration d = radius - z_centre, activation s = sigmoid(kappa d),
+   rows (e_z, e_x, e_y) at the sphere's lowest point, Delassus A = J H^-1 J^T, bias w = J v* - beta max(d, 0) / h;
+4. projected Gauss-Seidel, ``iterations`` sweeps from zero, each contact's block update weighted by s
+   (METHOD.md section 2.2 variant b), friction projected onto the disc of radius mu lambda_n;
+5. v+ = v* + H^-1 J^T lambda; semi-implicit Euler, root quaternion q <- normalize(q + h/2 q (0, omega_body)).
+
+State layout is MuJoCo's (see :mod:`bcg.sim.model`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from bcg.sim.model import SimModel
+
+__all__ = [
+    "ContactReport",
+    "Kinematics",
+    "forward_kinematics",
+    "mass_matrix",
+    "bias_forces",
+    "substep",
+    "step",
+    "quat_to_matrix_wxyz",
+]
+
+
+class Kinematics(NamedTuple):
+    """World-frame placement of every body. Shapes: rot [N, nb, 3, 3], pos [N, nb, 3] (body origins, m)."""
+
+    rot: torch.Tensor
+    pos: torch.Tensor
+
+
+class ContactReport(NamedTuple):
+    """Per-sphere contact quantities of one control step. All [N, nc]."""
+
+    impulse: torch.Tensor
+    """Normal impulse summed over the substeps [N s]."""
+    peak_force: torch.Tensor
+    """Largest normal force over the substeps, impulse / h [N] (the BCG trigger quantity)."""
+    penetration: torch.Tensor
+    """Penetration d = radius - z_centre at the last substep [m] (positive when penetrating)."""
+
+
+def quat_to_matrix_wxyz(q: torch.Tensor) -> torch.Tensor:
+    """Rotation matrices [..., 3, 3] of (not necessarily unit) quaternions [..., 4] in w, x, y, z order."""
+    q = q / torch.linalg.norm(q, dim=-1, keepdim=True)
+    w, x, y, z = q.unbind(-1)
+    rows = [
+        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
+        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
+        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
+    ]
+    return torch.stack(rows, -1).reshape(q.shape[:-1] + (3, 3))
+
+
+def _axis_angle_matrix(axis: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
+    """Rotation matrices [N, 3, 3] about a fixed unit axis [3] by angles [N] (Rodrigues)."""
+    K = torch.zeros(3, 3, dtype=axis.dtype, device=axis.device)
+    K[0, 1], K[0, 2], K[1, 0], K[1, 2], K[2, 0], K[2, 1] = -axis[2], axis[1], axis[2], -axis[0], -axis[1], axis[0]
+    eye = torch.eye(3, dtype=axis.dtype, device=axis.device)
+    s, c = torch.sin(angle)[:, None, None], torch.cos(angle)[:, None, None]
+    return eye + s * K + (1 - c) * (K @ K)
+
+
+def _cross(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.linalg.cross(a, b, dim=-1)
+
+
+def _crossm(v: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    """Spatial motion cross product v x m, both [N, 6] (angular, linear)."""
+    w, vo, mw, mv = v[:, :3], v[:, 3:], m[:, :3], m[:, 3:]
+    return torch.cat([_cross(w, mw), _cross(w, mv) + _cross(vo, mw)], -1)
+
+
+def _crossf(v: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
+    """Spatial force cross product v x* f, both [N, 6]."""
+    w, vo, n, ff = v[:, :3], v[:, 3:], f[:, :3], f[:, 3:]
+    return torch.cat([_cross(w, n) + _cross(vo, ff), _cross(w, ff)], -1)
+
+
+def _inertia_apply(IO: torch.Tensor, h: torch.Tensor, m: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Spatial inertia (I about the origin [N,3,3], first moment h = m c [N,3], mass m [N]) times motion v [N,6]."""
+    w, vo = v[:, :3], v[:, 3:]
+    ang = (IO @ w[:, :, None])[:, :, 0] + _cross(h, vo)
+    lin = m[:, None] * vo + _cross(w, h)
+    return torch.cat([ang, lin], -1)
+
+
+class _Tree(NamedTuple):
+    rot: list[torch.Tensor]  # nb x [N,3,3]
+    pos: list[torch.Tensor]  # nb x [N,3]
+    S: list[torch.Tensor]  # nv x [N,6]
+    vel: list[torch.Tensor]  # nb x [N,6]
+    IO: list[torch.Tensor]
+    h: list[torch.Tensor]
+    f: list[torch.Tensor]
+
+
+def _constants(model: SimModel, like: torch.Tensor) -> dict[str, torch.Tensor]:
+    kw = dict(dtype=like.dtype, device=like.device)
+    return {
+        "body_pos": torch.as_tensor(model.body_pos, **kw),
+        "body_rot": quat_to_matrix_wxyz(torch.as_tensor(model.body_quat_wxyz, **kw)),
+        "axis": torch.as_tensor(model.body_axis, **kw),
+        "mass": torch.as_tensor(model.body_mass, **kw),
+        "com": torch.as_tensor(model.body_com, **kw),
+        "inertia": torch.as_tensor(model.body_inertia, **kw),
+        "gravity": torch.as_tensor(model.gravity, **kw),
+    }
+
+
+def _tree_pass(model: SimModel, q: torch.Tensor, qd: torch.Tensor | None) -> _Tree:
+    """Forward kinematics, twists and RNEA body forces (with zero joint accelerations) for all bodies."""
+    c = _constants(model, q)
+    n = q.shape[0]
+    eye = torch.eye(3, dtype=q.dtype, device=q.device)
+    rot, pos, S, vel, acc, IO_l, h_l, f_l = [], [], [], [], [], [], [], []
+    R0 = quat_to_matrix_wxyz(q[:, 3:7])
+    p0 = q[:, 0:3]
+    zero3 = torch.zeros(n, 3, dtype=q.dtype, device=q.device)
+    for k in range(3):
+        e = torch.zeros(n, 3, dtype=q.dtype, device=q.device)
+        e[:, k] = 1.0
+        S.append(torch.cat([zero3, e], -1))
+    for k in range(3):
+        a_w = R0[:, :, k]
+        S.append(torch.cat([a_w, _cross(p0, a_w)], -1))
+    for b in range(model.nb):
+        if b == 0:
+            R, p = R0, p0
+        else:
+            par = int(model.body_parent[b])
+            Rj = c["body_rot"][b] @ _axis_angle_matrix(c["axis"][b], q[:, 6 + b])
+            R = rot[par] @ Rj
+            p = pos[par] + (rot[par] @ c["body_pos"][b])
+            a_w = (R @ c["axis"][b])
+            S.append(torch.cat([a_w, _cross(p, a_w)], -1))
+        rot.append(R)
+        pos.append(p)
+        m = c["mass"][b].expand(n)
+        cw = p + (R @ c["com"][b])
+        IO = R @ c["inertia"][b] @ R.transpose(1, 2) + c["mass"][b] * (
+            (cw * cw).sum(-1)[:, None, None] * eye - cw[:, :, None] * cw[:, None, :])
+        h = c["mass"][b] * cw
+        IO_l.append(IO)
+        h_l.append(h)
+        if qd is None:
+            continue
+        if b == 0:
+            v_lin = qd[:, 0:3]
+            omega = (R0 @ qd[:, 3:6, None])[:, :, 0]
+            v = torch.cat([omega, v_lin + _cross(p0, omega)], -1)
+            a = torch.cat([zero3, -c["gravity"].expand(n, 3) + _cross(v_lin, omega)], -1)
+        else:
+            par = int(model.body_parent[b])
+            vj = S[5 + b] * qd[:, 5 + b, None]
+            v = vel[par] + vj
+            a = acc[par] + _crossm(v, vj)
+        vel.append(v)
+        acc.append(a)
+        f_l.append(_inertia_apply(IO, h, m, a) + _crossf(v, _inertia_apply(IO, h, m, v)))
+    return _Tree(rot, pos, S, vel, IO_l, h_l, f_l)
+
+
+def forward_kinematics(model: SimModel, q: torch.Tensor) -> Kinematics:
+    """World rotation [N, nb, 3, 3] and origin position [N, nb, 3] of every body for qpos ``q`` [N, nq]."""
+    t = _tree_pass(model, q, None)
+    return Kinematics(torch.stack(t.rot, 1), torch.stack(t.pos, 1))
+
+
+def _subtree_sums(model: SimModel, items: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [sum(items[j] for j in range(b, int(model.body_subtree_end[b]))) for b in range(model.nb)]
+
+
+def _mass_and_bias(model: SimModel, q: torch.Tensor, qd: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, _Tree]:
+    t = _tree_pass(model, q, qd)
+    n, nv = q.shape[0], model.nv
+    ICO = _subtree_sums(model, t.IO)
+    ICh = _subtree_sums(model, t.h)
+    mass = torch.as_tensor(model.body_mass, dtype=q.dtype, device=q.device)
+    ICm = [mass[b: int(model.body_subtree_end[b])].sum().expand(n) for b in range(model.nb)]
+    rows = [[None] * nv for _ in range(nv)]
+    zero = torch.zeros(n, dtype=q.dtype, device=q.device)
+    for a in range(nv):
+        b = int(model.dof_body[a])
+        F = _inertia_apply(ICO[b], ICh[b], ICm[b], t.S[a])
+        rows[a][a] = (t.S[a] * F).sum(-1)
+        for k in range(int(model.dof_ancestor_count[a])):
+            anc = int(model.dof_ancestors[a, k])
+            val = (t.S[anc] * F).sum(-1)
+            rows[a][anc] = val
+            rows[anc][a] = val
+    H = torch.stack([torch.stack([x if x is not None else zero for x in r], -1) for r in rows], 1)
+    bias = zero.new_zeros(n, nv)
+    if qd is not None:
+        Fs = _subtree_sums(model, t.f)
+        bias = torch.stack([(t.S[a] * Fs[int(model.dof_body[a])]).sum(-1) for a in range(nv)], -1)
+    return H, bias, t
+
+
+def mass_matrix(model: SimModel, q: torch.Tensor) -> torch.Tensor:
+    """Joint-space mass matrix [N, nv, nv] with armature on the diagonal (MuJoCo's ``mj_fullM``)."""
+    H, _, _ = _mass_and_bias(model, q, None)
+    return H + torch.diag(torch.as_tensor(model.dof_armature, dtype=q.dtype, device=q.device))
+
+
+def bias_forces(model: SimModel, q: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
+    """Coriolis, centrifugal and gravity forces [N, nv] (MuJoCo's ``qfrc_bias``)."""
+    _, bias, _ = _mass_and_bias(model, q, qd)
+    return bias
+
+
+def _sigmoid(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (1.0 + torch.tanh(0.5 * x))
+
+
+def _foot_jacobians(model: SimModel, t: _Tree, n: int, like: torch.Tensor) -> list[torch.Tensor]:
+    """Per contact body, the [N, 6, nv] Jacobian mapping qvel to its world-origin twist."""
+    out = []
+    for fb in model.foot_body:
+        a0 = int(model.body_last_dof[fb])
+        cols = [like.new_zeros(n, 6) for _ in range(model.nv)]
+        cols[a0] = t.S[a0]
+        for k in range(int(model.dof_ancestor_count[a0])):
+            anc = int(model.dof_ancestors[a0, k])
+            cols[anc] = t.S[anc]
+        out.append(torch.stack(cols, -1))
+    return out
+
+
+def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One physics substep of length ``model.params.dt``.
+
+    Args:
+        q: qpos [N, nq]; qd: qvel [N, nv]; targets: PD position targets [N, nu] (rad).
+    Returns:
+        (q_next [N, nq], qd_next [N, nv], normal impulse per sphere [N, nc] in N s, penetration [N, nc] in m).
+    """
+    p = model.params
+    dt = p.dt
+    n, nv, nc = q.shape[0], model.nv, model.nc
+    kw = dict(dtype=q.dtype, device=q.device)
+    H, bias, t = _mass_and_bias(model, q, qd)
+    arm = torch.as_tensor(model.dof_armature, **kw)
+    damp = torch.as_tensor(model.dof_damping, **kw)
+    diag = arm + dt * damp
+    tau = -bias - damp * qd
+    if model.nu:
+        dofs = torch.as_tensor(model.actuator_dof, device=q.device)
+        kp, kd = torch.as_tensor(model.kp, **kw), torch.as_tensor(model.kd, **kw)
+        lim = torch.as_tensor(model.torque_limit, **kw)
+        qj = q[:, dofs + 1]
+        vj = qd[:, dofs]
+        u = kp * (targets - qj - dt * vj) - kd * vj
+        free = (u.abs() < lim).to(q.dtype)
+        u = torch.maximum(torch.minimum(u, lim), -lim)
+        tau = tau.index_add(1, dofs, u)
+        diag = diag.expand(n, nv).index_add(1, dofs, free * (dt * kd + dt * dt * kp))
+    H = H + torch.diag_embed(diag.expand(n, nv))
+    L = torch.linalg.cholesky(H)
+    x = torch.cholesky_solve(tau[:, :, None], L)[:, :, 0]
+    vs = qd + dt * x
+
+    # contact rows
+    Jb = _foot_jacobians(model, t, n, q)
+    spos = torch.as_tensor(model.sphere_pos, **kw)
+    srad = torch.as_tensor(model.sphere_radius, **kw)
+    ez = torch.tensor([0.0, 0.0, 1.0], **kw)
+    rows_J, rows_w, s_act, pen = [], [], [], []
+    dirs = [ez, torch.tensor([1.0, 0.0, 0.0], **kw), torch.tensor([0.0, 1.0, 0.0], **kw)]
+    for c in range(nc):
+        b = int(model.sphere_body[c])
+        pc = t.pos[b] + (t.rot[b] @ spos[c])
+        d = srad[c] - pc[:, 2]
+        pen.append(d)
+        s_act.append(_sigmoid(p.kappa * d))
+        point = pc - srad[c] * ez
+        J_f = Jb[int(model.sphere_foot[c])]
+        for k, nvec in enumerate(dirs):
+            G = torch.cat([_cross(point, nvec.expand(n, 3)), nvec.expand(n, 3)], -1)
+            Jr = (G[:, :, None] * J_f).sum(1)
+            rows_J.append(Jr)
+            w = (Jr * vs).sum(-1)
+            if k == 0:
+                w = w - p.beta * torch.clamp(d, min=0.0) / dt
+            rows_w.append(w)
+    if nc:
+        J = torch.stack(rows_J, 1)  # [N, nr, nv]
+        wv = torch.stack(rows_w, 1)
+        HinvJt = torch.cholesky_solve(J.transpose(1, 2), L)  # [N, nv, nr]
+        A = J @ HinvJt
+        lam = [wv.new_zeros(n) for _ in range(3 * nc)]
+        for _ in range(p.iterations):
+            for c in range(nc):
+                i = 3 * c
+                s = s_act[c]
+                r = wv[:, i] + (A[:, i, :] * torch.stack(lam, 1)).sum(-1)
+                lam[i] = torch.clamp(s * (lam[i] - r / A[:, i, i]), min=0.0)
+                lam_now = torch.stack(lam, 1)
+                r1 = wv[:, i + 1] + (A[:, i + 1, :] * lam_now).sum(-1)
+                r2 = wv[:, i + 2] + (A[:, i + 2, :] * lam_now).sum(-1)
+                a11, a12, a22 = A[:, i + 1, i + 1], A[:, i + 1, i + 2], A[:, i + 2, i + 2]
+                det = a11 * a22 - a12 * a12
+                t1 = s * (lam[i + 1] - (a22 * r1 - a12 * r2) / det)
+                t2 = s * (lam[i + 2] - (a11 * r2 - a12 * r1) / det)
+                limit = p.mu * lam[i]
+                nrm2 = t1 * t1 + t2 * t2
+                outside = nrm2 > limit * limit
+                scale = torch.where(outside, limit / torch.sqrt(torch.where(outside, nrm2, torch.ones_like(nrm2))),
+                                    torch.ones_like(nrm2))
+                lam[i + 1] = t1 * scale
+                lam[i + 2] = t2 * scale
+        lam_t = torch.stack(lam, 1)
+        qd_next = vs + (HinvJt @ lam_t[:, :, None])[:, :, 0]
+        impulse = lam_t[:, 0::3]
+        penetration = torch.stack(pen, 1)
+    else:
+        qd_next = vs
+        impulse = q.new_zeros(n, 0)
+        penetration = q.new_zeros(n, 0)
+    q_next = integrate(q, qd_next, dt)
+    return q_next, qd_next, impulse, penetration
+
+
+def integrate(q: torch.Tensor, qd: torch.Tensor, dt: float) -> torch.Tensor:
+    """Semi-implicit Euler position update with the new velocity ``qd`` [N, nv]; returns qpos [N, nq]."""
+    pos = q[:, 0:3] + dt * qd[:, 0:3]
+    quat = q[:, 3:7]
+    w = qd[:, 3:6]
+    # q (x) (0, w): body-frame angular velocity multiplies on the right
+    qw, qx, qy, qz = quat.unbind(-1)
+    wx, wy, wz = w.unbind(-1)
+    dq = torch.stack([
+        -qx * wx - qy * wy - qz * wz,
+        qw * wx + qy * wz - qz * wy,
+        qw * wy - qx * wz + qz * wx,
+        qw * wz + qx * wy - qy * wx,
+    ], -1)
+    quat = quat + 0.5 * dt * dq
+    quat = quat / torch.linalg.norm(quat, dim=-1, keepdim=True)
+    joints = q[:, 7:] + dt * qd[:, 6:]
+    return torch.cat([pos, quat, joints], -1)
+
+
+def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor
+         ) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
+    """One control step: ``model.params.substeps`` substeps with the PD targets [N, nu] held.
+
+    Returns (q [N, nq], qd [N, nv], :class:`ContactReport`).
+    """
+    impulses, pen = [], None
+    for _ in range(model.params.substeps):
+        q, qd, imp, pen = substep(model, q, qd, targets)
+        impulses.append(imp)
+    stacked = torch.stack(impulses, 0)
+    report = ContactReport(stacked.sum(0), stacked.amax(0) / model.params.dt, pen)
+    return q, qd, report
