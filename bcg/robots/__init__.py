@@ -1,0 +1,1 @@
+"""Robot descriptions used by bcg (data only: MJCF files and constants)."""
