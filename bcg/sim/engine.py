@@ -6,6 +6,7 @@ Nothing here touches torch. :mod:`bcg.sim.step` wraps :func:`run_control_step` i
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import numpy as np
 import warp as wp
@@ -13,7 +14,16 @@ import warp as wp
 from bcg.sim import kernels as K
 from bcg.sim.model import SimModel
 
-__all__ = ["ModelArrays", "StepArrays", "model_arrays", "allocate_step", "run_control_step", "run_dynamics_terms"]
+__all__ = [
+    "Launch",
+    "ModelArrays",
+    "StepArrays",
+    "allocate_step",
+    "model_arrays",
+    "run_control_step",
+    "run_dynamics_terms",
+    "substep_launches",
+]
 
 
 @dataclass(frozen=True)
@@ -174,39 +184,52 @@ def allocate_step(model: SimModel, n: int, requires_grad: bool) -> StepArrays:
     return ws
 
 
-def run_control_step(model: SimModel, arrs: StepArrays) -> None:
-    """Launch the S substeps of one control step on ``arrs`` (inputs already in q[0], qd[0], targets)."""
+class Launch(NamedTuple):
+    """One kernel launch: the kernel and its argument lists (inputs, then outputs)."""
+
+    kernel: Any
+    inputs: list
+    outputs: list
+
+
+def substep_launches(model: SimModel, arrs: StepArrays, k: int) -> list[Launch]:
+    """The seven launches of substep ``k``: reads q[k], qd[k], targets; writes q[k + 1], qd[k + 1]."""
     m = model_arrays(model)
     p = model.params
-    n, dev = arrs.n, model.device
-    for k in range(p.substeps):
-        s = arrs.sub[k]
-        q, qd = arrs.q[k], arrs.qd[k]
-        wp.launch(K.fk_rnea, dim=n, device=dev,
-                  inputs=[q, qd, m.body_parent, m.body_pos, m.body_quat, m.body_axis, m.body_mass, m.body_com,
-                          m.body_inertia, m.gravity],
-                  outputs=[s["X_w"], s["S"], s["v_b"], s["a_b"], s["IO_w"], s["h_w"], s["f_b"]])
-        wp.launch(K.composite, dim=n, device=dev, inputs=[m.body_mass, m.body_subtree_end, s["IO_w"], s["h_w"],
-                                                          s["f_b"]],
-                  outputs=[s["IC_O"], s["IC_h"], s["IC_m"], s["F_sub"]])
-        wp.launch(K.mass_tau, dim=n, device=dev,
-                  inputs=[q, qd, arrs.targets, m.dof_body, m.dof_ancestors, m.dof_ancestor_count, m.dof_armature,
-                          m.dof_damping, m.dof_actuator, m.kp, m.kd, m.torque_limit, p.dt, s["S"], s["IC_O"],
-                          s["IC_h"], s["IC_m"], s["F_sub"]],
-                  outputs=[s["H"], s["tau"]])
-        wp.launch(K.cholesky_free, dim=n, device=dev, inputs=[qd, s["H"], s["tau"], p.dt],
-                  outputs=[s["L"], s["L_tmp"], s["y"], s["y_tmp"], s["x"], s["x_tmp"], s["v_free"]])
-        wp.launch(K.contact_setup, dim=n, device=dev,
-                  inputs=[s["X_w"], s["S"], m.sphere_body, m.sphere_pos, m.sphere_radius, m.sphere_foot,
-                          m.foot_body, m.body_last_dof, m.dof_ancestors, m.dof_ancestor_count, s["L"],
-                          s["v_free"], p.kappa, p.beta, p.dt],
-                  outputs=[s["J_foot"], s["foot_twist"], s["Y"], s["Y_tmp"], s["Lam"], s["G"], s["P"], s["A"],
-                           s["w"], s["s_act"], s["depth"]])
-        wp.launch(K.pgs, dim=n, device=dev, inputs=[s["A"], s["w"], s["s_act"], s["depth"], p.mu, p.iterations, k],
-                  outputs=[s["lam"], s["residual"], arrs.impulse, arrs.depth])
-        wp.launch(K.apply_integrate, dim=n, device=dev,
-                  inputs=[q, s["v_free"], s["Y"], s["G"], s["L"], s["lam"], m.sphere_foot, p.iterations, p.dt],
-                  outputs=[s["foot_impulse"], s["z"], s["dv_tmp"], s["dv"], arrs.q[k + 1], arrs.qd[k + 1]])
+    s = arrs.sub[k]
+    q, qd = arrs.q[k], arrs.qd[k]
+    return [
+        Launch(K.fk_rnea,
+               [q, qd, m.body_parent, m.body_pos, m.body_quat, m.body_axis, m.body_mass, m.body_com,
+                m.body_inertia, m.gravity],
+               [s["X_w"], s["S"], s["v_b"], s["a_b"], s["IO_w"], s["h_w"], s["f_b"]]),
+        Launch(K.composite, [m.body_mass, m.body_subtree_end, s["IO_w"], s["h_w"], s["f_b"]],
+               [s["IC_O"], s["IC_h"], s["IC_m"], s["F_sub"]]),
+        Launch(K.mass_tau,
+               [q, qd, arrs.targets, m.dof_body, m.dof_ancestors, m.dof_ancestor_count, m.dof_armature,
+                m.dof_damping, m.dof_actuator, m.kp, m.kd, m.torque_limit, p.dt, s["S"], s["IC_O"], s["IC_h"],
+                s["IC_m"], s["F_sub"]],
+               [s["H"], s["tau"]]),
+        Launch(K.cholesky_free, [qd, s["H"], s["tau"], p.dt],
+               [s["L"], s["L_tmp"], s["y"], s["y_tmp"], s["x"], s["x_tmp"], s["v_free"]]),
+        Launch(K.contact_setup,
+               [s["X_w"], s["S"], m.sphere_body, m.sphere_pos, m.sphere_radius, m.sphere_foot, m.foot_body,
+                m.body_last_dof, m.dof_ancestors, m.dof_ancestor_count, s["L"], s["v_free"], p.kappa, p.beta, p.dt],
+               [s["J_foot"], s["foot_twist"], s["Y"], s["Y_tmp"], s["Lam"], s["G"], s["P"], s["A"], s["w"],
+                s["s_act"], s["depth"]]),
+        Launch(K.pgs, [s["A"], s["w"], s["s_act"], s["depth"], p.mu, p.iterations, k],
+               [s["lam"], s["residual"], arrs.impulse, arrs.depth]),
+        Launch(K.apply_integrate,
+               [q, s["v_free"], s["Y"], s["G"], s["L"], s["lam"], m.sphere_foot, p.iterations, p.dt],
+               [s["foot_impulse"], s["z"], s["dv_tmp"], s["dv"], arrs.q[k + 1], arrs.qd[k + 1]]),
+    ]
+
+
+def run_control_step(model: SimModel, arrs: StepArrays) -> None:
+    """Launch the S substeps of one control step on ``arrs`` (inputs already in q[0], qd[0], targets)."""
+    for k in range(model.params.substeps):
+        for launch in substep_launches(model, arrs, k):
+            wp.launch(launch.kernel, dim=arrs.n, inputs=launch.inputs, outputs=launch.outputs, device=model.device)
 
 
 def run_dynamics_terms(model: SimModel, arrs: StepArrays) -> tuple[wp.array, wp.array]:

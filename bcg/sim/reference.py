@@ -185,7 +185,8 @@ def _subtree_sums(model: SimModel, items: list[torch.Tensor]) -> list[torch.Tens
     return [sum(items[j] for j in range(b, int(model.body_subtree_end[b]))) for b in range(model.nb)]
 
 
-def _mass_and_bias(model: SimModel, q: torch.Tensor, qd: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, _Tree]:
+def _mass_and_bias(model: SimModel, q: torch.Tensor, qd: torch.Tensor | None
+                   ) -> tuple[torch.Tensor, torch.Tensor, _Tree]:
     t = _tree_pass(model, q, qd)
     n, nv = q.shape[0], model.nv
     ICO = _subtree_sums(model, t.IO)

@@ -1,0 +1,166 @@
+"""Finite-difference checks of every Warp kernel's adjoint, and regression tests for the Warp autodiff traps.
+
+Each kernel is checked on its own: its float inputs (produced by a real substep with the feet in contact) are
+perturbed along a random direction, and the tape's directional derivative of a random linear functional of all
+its outputs is compared with central differences (SIM_NOTES.md section 9 explains why this is mandatory: the
+traps give finite but wrong gradients).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import warp as wp
+
+from bcg.robots import g1
+from bcg.sim import kernels as K
+from bcg.sim.engine import StepArrays, run_control_step, substep_launches
+
+KERNELS = ["fk_rnea", "composite", "mass_tau", "cholesky_free", "contact_setup", "pgs", "apply_integrate"]
+
+
+@pytest.fixture(scope="module")
+def contact_substep(g1_model):
+    """Arrays of one control step from a perturbed standing state with the feet loaded and sliding slightly."""
+    rng = np.random.default_rng(0)
+    n = 2
+    q = np.tile(g1.default_qpos(), (n, 1))
+    q[:, 2] -= 0.002  # 2 mm into the ground
+    q[:, 7:] += rng.normal(scale=0.05, size=(n, 29))
+    qd = rng.normal(scale=0.2, size=(n, g1_model.nv))
+    targets = np.tile(g1.DEFAULT_JOINT_POS, (n, 1)) + rng.normal(scale=0.1, size=(n, 29))
+    arrs = StepArrays(g1_model, n, requires_grad=True)
+    for dst, src in ((arrs.q[0], q), (arrs.qd[0], qd), (arrs.targets, targets)):
+        wp.copy(dst, wp.array(src.astype(np.float32), dtype=float))
+    run_control_step(g1_model, arrs)
+    return arrs
+
+
+def _step_arrays(arrs: StepArrays) -> set[int]:
+    ids = {id(a) for a in arrs.q + arrs.qd + [arrs.targets, arrs.impulse, arrs.depth]}
+    for s in arrs.sub:
+        ids |= {id(a) for a in s.values()}
+    return ids
+
+
+def _as_np(a: wp.array) -> np.ndarray:
+    return a.numpy().astype(np.float64)
+
+
+def _rebuild(a: wp.array, values: np.ndarray, requires_grad: bool) -> wp.array:
+    return wp.array(values.astype(np.float32), dtype=a.dtype, shape=a.shape, device=a.device,
+                    requires_grad=requires_grad)
+
+
+def _check_kernel(model, arrs, name: str, seed: int) -> None:
+    launch = next(lc for lc in substep_launches(model, arrs, 0) if lc.kernel.key.endswith(name))
+    owned = _step_arrays(arrs)
+    rng = np.random.default_rng(seed)
+    var_idx = [i for i, a in enumerate(launch.inputs) if isinstance(a, wp.array) and id(a) in owned]
+    base = {i: _as_np(launch.inputs[i]) for i in var_idx}
+    # element-wise relative directions keep H and L positive definite and respect each entry's own scale
+    dirs = {i: rng.normal(size=base[i].shape) * (np.abs(base[i]) + 1e-3 * np.abs(base[i]).max() + 1e-9)
+            for i in var_idx}
+    weights = [rng.normal(size=_as_np(o).shape) for o in launch.outputs]
+
+    def run(delta: float, with_tape: bool):
+        inputs = list(launch.inputs)
+        for i in var_idx:
+            inputs[i] = _rebuild(launch.inputs[i], base[i] + delta * dirs[i], with_tape)
+        outputs = [wp.zeros(o.shape, dtype=o.dtype, device=o.device, requires_grad=with_tape)
+                   for o in launch.outputs]
+        tape = wp.Tape() if with_tape else None
+        if tape is not None:
+            with tape:
+                wp.launch(launch.kernel, dim=arrs.n, inputs=inputs, outputs=outputs, device=model.device)
+        else:
+            wp.launch(launch.kernel, dim=arrs.n, inputs=inputs, outputs=outputs, device=model.device)
+        value = sum(float((_as_np(o) * w).sum()) for o, w in zip(outputs, weights))
+        return value, tape, inputs, outputs
+
+    _, tape, inputs, outputs = run(0.0, True)
+    tape.backward(grads={o: wp.array(w.astype(np.float32), dtype=o.dtype, shape=o.shape)
+                         for o, w in zip(outputs, weights)})
+    analytic = sum(float((_as_np(inputs[i].grad) * dirs[i]).sum()) for i in var_idx)
+    errors = []
+    for eps in (1e-3, 3e-4, 1e-4):
+        fd = (run(eps, False)[0] - run(-eps, False)[0]) / (2 * eps)
+        errors.append(abs(fd - analytic) / max(abs(analytic), 1e-6))
+    assert min(errors) < 1e-2, f"{name}: analytic {analytic:.6g}, relative FD errors {errors}"
+
+
+@pytest.mark.parametrize("name", KERNELS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_kernel_adjoint_matches_finite_differences(g1_model, contact_substep, name, seed):
+    _check_kernel(g1_model, contact_substep, name, seed)
+
+
+def test_loop_carried_value_is_reloaded_before_nonlinear_use():
+    """SIM_NOTES 9.1: y = (sum x)^2 with a run-time trip count; the store-and-reload pattern gives dy/dx = 2 sum."""
+    x = wp.array([1.0, 2.0, 3.0], dtype=float, requires_grad=True)
+    tmp = wp.zeros(1, dtype=float, requires_grad=True)
+    y = wp.zeros(1, dtype=float, requires_grad=True)
+    tape = wp.Tape()
+    with tape:
+        wp.launch(K.sum_squares_reloaded, dim=1, inputs=[x, 3, tmp, y])
+    tape.backward(grads={y: wp.array([1.0], dtype=float)})
+    np.testing.assert_allclose(x.grad.numpy(), [12.0, 12.0, 12.0])
+
+
+def test_loop_carried_trap_documented():
+    """The trap itself (kept so that a Warp upgrade that fixes or changes it is noticed): the naive pattern's
+    adjoint differs from the true gradient 12. If this starts failing, Warp fixed the trap and the store-and-reload
+    workaround may be dropped."""
+    x = wp.array([1.0, 2.0, 3.0], dtype=float, requires_grad=True)
+    y = wp.zeros(1, dtype=float, requires_grad=True)
+    tape = wp.Tape()
+    with tape:
+        wp.launch(K.sum_squares_carried, dim=1, inputs=[x, 3, y])
+    tape.backward(grads={y: wp.array([1.0], dtype=float)})
+    assert not np.allclose(x.grad.numpy(), 12.0)
+
+
+def test_off_diagonal_mass_matrix_gradient_through_ancestor_table(g1_model):
+    """SIM_NOTES 9.2: a `while` walk up the tree silently drops the off-diagonal dH/dq terms. Our ancestor-table
+    walk must give the gradient of an off-diagonal entry (hip pitch / knee coupling) of the float64 oracle."""
+    from bcg.sim import reference
+    from bcg.sim.engine import StepArrays as SA
+
+    q = torch.tensor(g1.default_qpos())[None]
+    q[0, 7:] += 0.3
+    a, b = 9, 6  # left knee dof, left hip pitch dof
+    qr = q.clone().requires_grad_(True)
+    reference.mass_matrix(g1_model, qr)[0, a, b].backward()
+    arrs = SA(g1_model, 1, requires_grad=True)
+    wp.copy(arrs.q[0], wp.from_torch(q.float()))
+    wp.copy(arrs.qd[0], wp.zeros((1, g1_model.nv), dtype=float))
+    tape = wp.Tape()
+    with tape:
+        for launch in substep_launches(g1_model, arrs, 0)[:3]:
+            wp.launch(launch.kernel, dim=1, inputs=launch.inputs, outputs=launch.outputs)
+    H = arrs.sub[0]["H"]
+    seed = np.zeros(H.shape, np.float32)
+    seed[0, a, b] = 1.0
+    tape.backward(grads={H: wp.array(seed, dtype=float)})
+    g_wp = arrs.q[0].grad.numpy()[0, 7:]
+    g_ref = qr.grad[0, 7:].numpy()
+    assert np.abs(g_ref).max() > 1e-3
+    np.testing.assert_allclose(g_wp, g_ref, atol=2e-4 * np.abs(g_ref).max() + 1e-6)
+
+
+def test_gradients_finite_far_from_contact(g1_model):
+    """SIM_NOTES 9.4 and the friction-disc sqrt: with every sphere 2 m above the ground (kappa d = -600) and all
+    impulses exactly zero, the backward pass must stay finite."""
+    from bcg.sim import step
+
+    q = torch.tensor(g1.default_qpos(), dtype=torch.float32)[None]
+    q[0, 2] += 2.0
+    q.requires_grad_(True)
+    targets = torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32)[None].requires_grad_(True)
+    qd = torch.zeros(1, g1_model.nv, requires_grad=True)
+    q1, qd1, rep = step(g1_model, q, qd, targets)
+    assert float(rep.impulse.detach().abs().max()) == 0.0
+    (q1.sum() + qd1.sum() + rep.impulse.sum()).backward()
+    for t in (q, qd, targets):
+        assert torch.isfinite(t.grad).all()

@@ -1,0 +1,93 @@
+"""Gradients of whole 32-step rollouts through contact (SIM_NOTES.md 13.2 set-up), at kappa 50, 100 and 300.
+
+Analytic: the Warp tape through the torch bridge (float32). Oracle: central finite differences of the float64
+torch reference. Scenario: stand pose targets plus 0.1 rad noise per step and joint, with the left and right feet
+lifted in turn (raised-cosine hip/knee/ankle offsets), so spheres switch between touching and not touching.
+Loss: final pelvis x + pelvis z + the sum of the final hinge angles.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bcg.robots import g1
+from bcg.sim import reference, step
+
+T = 32
+
+
+def _targets(model, generator: torch.Generator) -> torch.Tensor:
+    """[1, T, nu] float64 PD targets of the stepping scenario."""
+    base = torch.tensor(g1.DEFAULT_JOINT_POS)[None, None].repeat(1, T, 1)
+    t = torch.arange(T, dtype=torch.float64) * model.params.control_dt
+
+    def bump(t0: float, t1: float) -> torch.Tensor:
+        inside = (t >= t0) & (t <= t1)
+        return torch.where(inside, 0.5 * (1 - torch.cos(2 * math.pi * (t - t0) / (t1 - t0))), torch.zeros_like(t))
+
+    names = list(g1.JOINT_NAMES)
+    for side, (t0, t1) in (("left", (0.16, 0.48)), ("right", (0.40, 0.64))):
+        lift = bump(t0, t1)
+        base[0, :, names.index(f"{side}_hip_pitch_joint")] += -0.4 * lift
+        base[0, :, names.index(f"{side}_knee_joint")] += 0.8 * lift
+        base[0, :, names.index(f"{side}_ankle_pitch_joint")] += -0.4 * lift
+    return base + 0.1 * torch.randn(1, T, model.nu, generator=generator, dtype=torch.float64)
+
+
+def _loss(q: torch.Tensor) -> torch.Tensor:
+    return q[:, 0] + q[:, 2] + q[:, 7:].sum(1)
+
+
+def _rollout(step_fn, model, q, qd, targets):
+    for t in range(T):
+        q, qd, _ = step_fn(model, q, qd, targets[:, t])
+    return q
+
+
+def _warp_gradient(model, targets64: torch.Tensor) -> torch.Tensor:
+    q0 = torch.tensor(g1.default_qpos(), dtype=torch.float32)[None]
+    tg = targets64.float().requires_grad_(True)
+    _loss(_rollout(step, model, q0, torch.zeros(1, model.nv), tg)).sum().backward()
+    return tg.grad.double()
+
+
+def _reference_fd(model, targets64: torch.Tensor, dirs: torch.Tensor, eps: float) -> torch.Tensor:
+    """Central differences along each direction [D, 1, T, nu], all in one batched float64 rollout."""
+    plus, minus = targets64 + eps * dirs[:, 0], targets64 - eps * dirs[:, 0]
+    tg = torch.cat([plus, minus], 0)
+    n = tg.shape[0]
+    q0 = torch.tensor(g1.default_qpos())[None].repeat(n, 1)
+    with torch.no_grad():
+        loss = _loss(_rollout(reference.step, model, q0, torch.zeros(n, model.nv, dtype=torch.float64), tg))
+    d = dirs.shape[0]
+    return (loss[:d] - loss[d:]) / (2 * eps)
+
+
+@pytest.mark.parametrize("kappa", [50.0, 100.0, 300.0])
+def test_rollout_gradient_matches_finite_differences(g1_model, kappa):
+    model = g1_model.with_params(kappa=kappa)
+    gen = torch.Generator().manual_seed(int(kappa))
+    targets = _targets(model, gen)
+    dirs = torch.randn(3, 1, T, model.nu, generator=gen, dtype=torch.float64)
+    dirs /= dirs.flatten(1).norm(dim=1)[:, None, None, None]
+    grad = _warp_gradient(model, targets)
+    analytic = (grad[None] * dirs).flatten(1).sum(1)
+    fd = _reference_fd(model, targets, dirs, eps=1e-5)
+    scale = analytic.abs().max()
+    assert scale > 1e-3
+    assert ((analytic - fd).abs() / scale).max() < 1e-2, (analytic, fd)
+
+
+def test_warp_gradient_equals_float64_reference_gradient(g1_model):
+    """The whole 32 x 29 gradient of the Warp tape against torch autograd of the float64 oracle."""
+    gen = torch.Generator().manual_seed(7)
+    targets = _targets(g1_model, gen)
+    grad_wp = _warp_gradient(g1_model, targets)
+    tg = targets.clone().requires_grad_(True)
+    q0 = torch.tensor(g1.default_qpos())[None]
+    _loss(_rollout(reference.step, g1_model, q0, torch.zeros(1, g1_model.nv, dtype=torch.float64), tg)).sum().backward()
+    rel = (grad_wp - tg.grad).norm() / tg.grad.norm()
+    assert rel < 1e-3, rel
