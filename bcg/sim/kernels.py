@@ -154,7 +154,7 @@ def composite(
     for i in range(nb):
         IO = wp.mat33()
         h = wp.vec3()
-        m = 0.0
+        m = float(0.0)
         f = wp.spatial_vector()
         for j in range(i, body_subtree_end[i]):
             IO = IO + IO_w[e, j]
@@ -353,7 +353,7 @@ def contact_setup(
             Y[e, r, i] = Y_tmp[e, r, i] / L[e, i, i]
     for r1 in range(6 * nf):
         for r2 in range(r1 + 1):
-            acc = 0.0
+            acc = float(0.0)
             for i in range(nv):
                 acc = acc + Y[e, r1, i] * Y[e, r2, i]
             Lam[e, r1, r2] = acc
@@ -363,7 +363,7 @@ def contact_setup(
         f = sphere_foot[r // 3]
         G_r = G[e, r]
         for j in range(6 * nf):
-            acc = 0.0
+            acc = float(0.0)
             for m6 in range(6):
                 acc = acc + G_r[m6] * Lam[e, 6 * f + m6, j]
             P[e, r, j] = acc
@@ -371,7 +371,7 @@ def contact_setup(
         for r2 in range(3 * nc):
             f2 = sphere_foot[r2 // 3]
             G2 = G[e, r2]
-            acc = 0.0
+            acc = float(0.0)
             for m6 in range(6):
                 acc = acc + P[e, r1, 6 * f2 + m6] * G2[m6]
             A[e, r1, r2] = acc
@@ -433,7 +433,7 @@ def pgs(
             t2 = s * (lam[e, it, i2] - (a11 * r2 - a12 * r1) / det)
             limit = mu * lam[e, it + 1, i]
             norm2 = t1 * t1 + t2 * t2
-            scale = 1.0
+            scale = float(1.0)
             if norm2 > limit * limit:
                 scale = limit / wp.sqrt(norm2)
             lam[e, it + 1, i1] = t1 * scale
@@ -474,7 +474,7 @@ def apply_integrate(
                 F = F + G[e, r] * lam[e, iterations, r]
         foot_impulse[e, f] = F
     for i in range(nv):
-        acc = 0.0
+        acc = float(0.0)
         for f in range(nf):
             for m6 in range(6):
                 acc = acc + Y[e, 6 * f + m6, i] * foot_impulse[e, f][m6]
@@ -516,7 +516,7 @@ def apply_integrate(
 @wp.kernel
 def sum_squares_carried(x: wp.array(dtype=float), n: int, y: wp.array(dtype=float)):
     """The *wrong* pattern, kept to test that the pitfall still exists: the adjoint sees the pre-loop value."""
-    s = 0.0
+    s = float(0.0)
     for k in range(n):
         s = s + x[k]
     y[0] = s * s
@@ -525,7 +525,7 @@ def sum_squares_carried(x: wp.array(dtype=float), n: int, y: wp.array(dtype=floa
 @wp.kernel
 def sum_squares_reloaded(x: wp.array(dtype=float), n: int, tmp: wp.array(dtype=float), y: wp.array(dtype=float)):
     """The pattern used throughout this module: store the carried value, re-load it, then use it non-linearly."""
-    s = 0.0
+    s = float(0.0)
     for k in range(n):
         s = s + x[k]
     tmp[0] = s
