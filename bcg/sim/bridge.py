@@ -90,8 +90,8 @@ class _WarpControlStep(torch.autograd.Function):
                 arrs.impulse: wp.from_torch(g_imp.contiguous()),
             }
             tape.backward(grads=grads)
+            # the arrays die with this step, so their gradients need no zeroing afterwards
             out = tuple(wp.to_torch(a.grad).clone() for a in (arrs.q[0], arrs.qd[0], arrs.targets))
-            tape.zero()
         ctx.tape = None
         ctx.arrs = None
         return (None, *out)
