@@ -1,0 +1,247 @@
+"""The ``bcg`` command line: one tyro entry point over the package.
+
+Commands are registered in :data:`COMMANDS`: a name maps either to a *command* (a dataclass whose fields are the
+options, with a ``run(self) -> int | None`` method) or to a *group* (a dict of such commands, e.g. ``motions``).
+``bcg GROUP COMMAND [OPTIONS]`` or ``bcg COMMAND [OPTIONS]``; ``--help`` at every level. To add a command, define the
+dataclass and add it to :data:`COMMANDS` (or to a group's dict).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import tyro
+
+__all__ = ["COMMANDS", "main", "MOTION_COMMANDS"]
+
+
+def _load(file: str, fps: float | None, fmt: str, clip: bool) -> Any:
+    from bcg.envs.motion import load_motion
+
+    return load_motion(file, fps=fps, format=fmt, clip_joint_limits=clip)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class MotionsList:
+    """List the packaged reference clips (name, frames, duration, pelvis travel, file)."""
+
+    def run(self) -> int:
+        from bcg.envs.motion import PACKAGED_MOTIONS, load_motion, packaged_motion_path
+
+        print(f"{'name':8s} {'frames':>6s} {'duration':>9s} {'travel':>8s}  file")
+        for name in PACKAGED_MOTIONS:
+            m = load_motion(name)
+            travel = float((m.qpos[-1, :2] - m.qpos[0, :2]).norm())
+            print(f"{name:8s} {m.num_frames:6d} {m.duration:8.2f}s {travel:7.2f}m  {packaged_motion_path(name)}")
+        return 0
+
+
+@dataclass(frozen=True)
+class MotionsInspect:
+    """Print a summary table and the kinematic validation report of a motion file or packaged clip."""
+
+    file: tyro.conf.Positional[str]
+    """Path (.csv / .npz) or packaged clip name (run, jump, fight, dance)."""
+    fps: float | None = None
+    """Frame rate of a CSV [Hz] (default 30 = LAFAN1-G1; use 60 for G1 Moves)."""
+    format: Literal["auto", "lafan1", "g1moves", "npz"] = "auto"
+    """File format (auto: by suffix, CSV = lafan1)."""
+    clip_joint_limits: bool = False
+    """Clip out-of-range joint angles instead of failing."""
+
+    def run(self) -> int:
+        m = _load(self.file, self.fps, self.format, self.clip_joint_limits)
+        q = m.qpos
+        print(f"source      {m.source}")
+        print(f"frames      {m.num_frames} at {1 / m.dt:g} Hz ({m.duration:.2f} s)")
+        print(f"root start  {q[0, :3].tolist()}  quat(wxyz) {[round(v, 4) for v in q[0, 3:7].tolist()]}")
+        print(f"root end    {q[-1, :3].tolist()}")
+        print(f"{'joint':28s} {'min':>8s} {'max':>8s} {'peak |v|':>9s}")
+        from bcg.robots.g1 import JOINT_NAMES
+
+        for j, n in enumerate(JOINT_NAMES):
+            print(f"{n:28s} {q[:, 7 + j].min():8.3f} {q[:, 7 + j].max():8.3f} {m.qvel[:, 6 + j].abs().max():9.2f}")
+        report = m.validate()
+        print(report)
+        return 0 if report.passed else 1
+
+
+@dataclass(frozen=True)
+class MotionsPlot:
+    """Plot a motion's contact schedule and pelvis height (and a strip of rendered frames where GL works) to a PNG."""
+
+    file: tyro.conf.Positional[str]
+    """Path (.csv / .npz) or packaged clip name."""
+    out: str = ""
+    """Output PNG (default: <name>.png in the current directory)."""
+    fps: float | None = None
+    """Frame rate of a CSV [Hz] (default 30; 60 for G1 Moves)."""
+    format: Literal["auto", "lafan1", "g1moves", "npz"] = "auto"
+    """File format."""
+    render: bool = True
+    """Add a strip of MuJoCo offscreen renders (skipped with a message when no GL backend works)."""
+
+    def run(self) -> int:
+        m = _load(self.file, self.fps, self.format, True)
+        out = Path(self.out or f"{m.name}.png")
+        plot_motion(m, out, render=self.render)
+        print(f"wrote {out}")
+        return 0
+
+
+@dataclass(frozen=True)
+class MotionsValidateAll:
+    """Validate the packaged clips and write their reports and pictures into a docs folder."""
+
+    out_dir: str = "docs/motions"
+    """Folder for <name>.png and <name>.txt."""
+    render: bool = True
+    """Add rendered frame strips (needs a GL backend; MUJOCO_GL=egl is tried by default)."""
+
+    def run(self) -> int:
+        from bcg.envs.motion import PACKAGED_MOTIONS, load_motion
+
+        out = Path(self.out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        ok = True
+        for name in PACKAGED_MOTIONS:
+            m = load_motion(name)
+            rep = m.validate()
+            ok &= rep.passed
+            (out / f"{name}.txt").write_text(str(rep) + "\n")
+            plot_motion(m, out / f"{name}.png", render=self.render)
+            print(rep)
+            print(f"  -> {out / (name + '.txt')}, {out / (name + '.png')}")
+        return 0 if ok else 1
+
+
+def _render_strip(motion: Any, times: Sequence[float], size: tuple[int, int] = (150, 190)) -> Any:
+    """RGB images of the motion at ``times`` rendered by MuJoCo offscreen (tracking camera), or None without GL."""
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    try:
+        import mujoco
+
+        from bcg.robots.g1 import SCENE_PATH
+
+        model = mujoco.MjModel.from_xml_path(str(SCENE_PATH))
+        data = mujoco.MjData(model)
+        renderer = mujoco.Renderer(model, size[1], size[0])
+    except Exception as exc:  # noqa: BLE001 - any GL failure means: no strip
+        print(f"(no frame strip: MuJoCo offscreen rendering unavailable: {type(exc).__name__}: {exc})")
+        return None
+    import numpy as np
+    import torch
+
+    cam = mujoco.MjvCamera()
+    cam.type = mujoco.mjtCamera.mjCAMERA_FREE
+    cam.distance, cam.elevation, cam.azimuth = 2.0, -10.0, 120.0
+    qpos = motion.qpos_at(torch.tensor(list(times))).double().numpy()
+    imgs = []
+    try:
+        for q in qpos:
+            data.qpos[:] = q
+            mujoco.mj_forward(model, data)
+            cam.lookat[:] = [q[0], q[1], 0.55]
+            renderer.update_scene(data, cam)
+            imgs.append(renderer.render().copy())
+    finally:
+        renderer.close()
+    return np.concatenate(imgs, axis=1)
+
+
+def plot_motion(motion: Any, path: Path, render: bool = True) -> Path:
+    """Write a PNG: foot-contact schedule, pelvis height and horizontal speed over time, and (where GL works) a strip of
+    six rendered frames."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    t = np.arange(motion.num_frames) * motion.dt
+    feet = motion.foot_contact()
+    strip = _render_strip(motion, np.linspace(0.0, motion.duration, 6)[:, None].ravel()) if render else None
+    rows = 3 if strip is not None else 2
+    fig, axes = plt.subplots(rows, 1, figsize=(7.5, 1.6 * rows + (1.0 if strip is not None else 0.4)),
+                             gridspec_kw={"height_ratios": [1.0, 1.4] + ([2.2] if strip is not None else [])})
+    ax = axes[0]
+    for f in range(2):
+        ax.fill_between(t, f + 0.1, f + 0.9, where=feet[:, f], step="mid", color=("C0", "C1")[f], lw=0)
+    flight = ~feet.any(1)
+    ax.fill_between(t, -0.9, -0.1, where=flight, step="mid", color="C3", lw=0)
+    ax.set_yticks([-0.5, 0.5, 1.5], ["flight", "left", "right"])
+    ax.set_xlim(t[0], t[-1])
+    ax.set_title(f"{motion.name}: contact schedule, pelvis height and speed", fontsize=9)
+    ax.tick_params(labelsize=7)
+    ax = axes[1]
+    q = motion.qpos.detach().cpu().numpy()
+    ax.plot(t, q[:, 2], color="k", lw=0.8, label="pelvis z [m]")
+    ax.set_ylabel("z [m]", fontsize=7)
+    ax.set_xlabel("time [s]", fontsize=7)
+    ax.set_xlim(t[0], t[-1])
+    ax.tick_params(labelsize=7)
+    ax2 = ax.twinx()
+    v = np.linalg.norm(motion.qvel[:, :2].detach().cpu().numpy(), axis=-1)
+    ax2.plot(t, v, color="C2", lw=0.6)
+    ax2.set_ylabel("|v_xy| [m/s]", fontsize=7, color="C2")
+    ax2.tick_params(labelsize=7)
+    if strip is not None:
+        axes[2].imshow(strip)
+        axes[2].set_axis_off()
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+    return path
+
+
+MOTION_COMMANDS: dict[str, type] = {
+    "list": MotionsList,
+    "inspect": MotionsInspect,
+    "plot": MotionsPlot,
+    "validate-all": MotionsValidateAll,
+}
+"""``bcg motions ...`` subcommands."""
+
+COMMANDS: dict[str, type | dict[str, type]] = {
+    "motions": MOTION_COMMANDS,
+}
+"""Top-level commands: a dataclass (a command) or a dict of them (a group)."""
+
+
+def _usage() -> str:
+    lines = ["usage: bcg COMMAND ...", "", "commands:"]
+    for name, cmd in COMMANDS.items():
+        if isinstance(cmd, dict):
+            lines.append(f"  {name} {{{', '.join(cmd)}}}")
+        else:
+            lines.append(f"  {name}  {(cmd.__doc__ or '').strip().splitlines()[0]}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``bcg`` console script; returns the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    os.environ.setdefault("MUJOCO_GL", "egl")  # before anything imports mujoco: headless offscreen rendering
+    if not args or args[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"bcg: unknown command {name!r}\n{_usage()}", file=sys.stderr)
+        return 2
+    cmd = COMMANDS[name]
+    if isinstance(cmd, dict):
+        obj = tyro.extras.subcommand_cli_from_dict(cmd, prog=f"bcg {name}", args=rest)
+    else:
+        obj = tyro.cli(cmd, prog=f"bcg {name}", args=rest)
+    status = obj.run()
+    return int(status or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""Environment steps per second of the batched G1 tracking env, beside the SB3 adapter and a MuJoCo-CPU loop.
+
+For each N: the vector env under no-grad; the vector env with ``differentiable=True`` plus one backward pass per
+step (reward sum, graph cut every step, as a SHAC horizon of 1 would); the SB3 adapter (numpy in and out); and a
+plain MuJoCo loop (``mj_step`` x substeps per control step with the same PD targets through the position actuators,
+one MjData per environment). Printed as env-steps/s and as ratios to the MuJoCo loop.
+
+    python benchmarks/env_throughput.py [--sizes 16 64 256] [--steps 30] [--motion run]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+
+def _time(fn, steps: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    return time.perf_counter() - t0
+
+
+def bench_vector(n: int, steps: int, motion: str, differentiable: bool) -> float:
+    from bcg.envs.vector_env import G1TrackingVectorEnv
+
+    env = G1TrackingVectorEnv(n, motion, differentiable=differentiable)
+    env.reset(seed=0)
+    g = torch.Generator().manual_seed(0)
+
+    def one() -> None:
+        a = (torch.randn(n, 29, generator=g) * 0.1).requires_grad_(differentiable)
+        _, rew, *_ = env.step(a)
+        if differentiable:
+            rew.sum().backward()
+            env.detach()
+
+    return n * steps / _time(one, steps)
+
+
+def bench_sb3(n: int, steps: int, motion: str) -> float:
+    from bcg.envs.sb3 import SB3VecEnv
+    from bcg.envs.vector_env import G1TrackingVectorEnv
+
+    venv = SB3VecEnv(G1TrackingVectorEnv(n, motion))
+    venv.reset()
+    rng = np.random.default_rng(0)
+
+    def one() -> None:
+        venv.step(rng.uniform(-0.1, 0.1, (n, 29)).astype(np.float32))
+
+    return n * steps / _time(one, steps)
+
+
+def bench_mujoco(n: int, steps: int, substeps: int = 4) -> float:
+    import mujoco
+
+    from bcg.robots.g1 import DEFAULT_JOINT_POS, SCENE_PATH, default_qpos
+
+    m = mujoco.MjModel.from_xml_path(str(SCENE_PATH))
+    datas = []
+    for _ in range(n):
+        d = mujoco.MjData(m)
+        d.qpos[:] = default_qpos()
+        datas.append(d)
+    rng = np.random.default_rng(0)
+
+    def one() -> None:
+        a = rng.uniform(-0.1, 0.1, (n, 29))
+        for i, d in enumerate(datas):
+            d.ctrl[:] = DEFAULT_JOINT_POS + a[i]
+            for _ in range(substeps):
+                mujoco.mj_step(m, d)
+
+    return n * steps / _time(one, max(1, steps // 2))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--motion", default="run")
+    args = p.parse_args()
+    torch.set_num_threads(min(2, torch.get_num_threads()))
+    print(f"{'N':>5} {'vec no-grad':>12} {'vec diff+bwd':>13} {'SB3 adapter':>12} {'MuJoCo loop':>12}   "
+          "ratios to MuJoCo (no-grad / diff / SB3)")
+    for n in args.sizes:
+        ng = bench_vector(n, args.steps, args.motion, False)
+        df = bench_vector(n, max(3, args.steps // 3), args.motion, True)
+        sb = bench_sb3(n, args.steps, args.motion)
+        mj = bench_mujoco(n, args.steps)
+        print(f"{n:>5} {ng:>12.0f} {df:>13.0f} {sb:>12.0f} {mj:>12.0f}   "
+              f"{ng / mj:.2f} / {df / mj:.2f} / {sb / mj:.2f}", flush=True)
+    print("units: environment (control) steps per second, 50 Hz control, 4 substeps of 5 ms")
+
+
+if __name__ == "__main__":
+    main()
