@@ -137,6 +137,8 @@ class StepArrays:
 
         self.n = n
         self.requires_grad = requires_grad
+        self.recorded: list | None = None
+        """Recorded launches of a reused (no-gradient) workspace, replayed by :func:`run_control_step`."""
         self.q = [empty((n, model.nq)) for _ in range(p.substeps + 1)]
         self.qd = [empty((n, nv)) for _ in range(p.substeps + 1)]
         self.targets = empty((n, nu))
@@ -226,10 +228,26 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int) -> list[Launch]:
 
 
 def run_control_step(model: SimModel, arrs: StepArrays) -> None:
-    """Launch the S substeps of one control step on ``arrs`` (inputs already in q[0], qd[0], targets)."""
+    """Launch the S substeps of one control step on ``arrs`` (inputs already in q[0], qd[0], targets).
+
+    Reused (no-gradient) arrays record their launches once and replay them afterwards, which skips Warp's
+    per-launch argument packing (it dominates the cost of a step at small N).
+    """
+    if arrs.recorded is not None:
+        for cmd in arrs.recorded:
+            cmd.launch()
+        return
+    record = not arrs.requires_grad
+    cmds = []
     for k in range(model.params.substeps):
         for launch in substep_launches(model, arrs, k):
-            wp.launch(launch.kernel, dim=arrs.n, inputs=launch.inputs, outputs=launch.outputs, device=model.device)
+            cmd = wp.launch(launch.kernel, dim=arrs.n, inputs=launch.inputs, outputs=launch.outputs,
+                            device=model.device, record_cmd=record)
+            cmds.append(cmd)
+    if record:
+        for cmd in cmds:
+            cmd.launch()
+        arrs.recorded = cmds
 
 
 def run_dynamics_terms(model: SimModel, arrs: StepArrays) -> tuple[wp.array, wp.array]:
