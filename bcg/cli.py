@@ -199,6 +199,36 @@ def plot_motion(motion: Any, path: Path, render: bool = True) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class Bench:
+    """Simulator throughput: forward and forward+backward of 32-step rollouts, against MuJoCo's mj_step."""
+
+    device: str = "cpu"
+    """Simulator device: cpu, cuda or cuda:K."""
+    sizes: tuple[int, ...] = (16, 64, 256)
+    """Numbers of parallel environments N to time."""
+    steps: int = 32
+    """Control steps per rollout (each 4 substeps of 5 ms)."""
+    repeats: int = 3
+    """Best of this many timings."""
+    no_backward: bool = False
+    """Skip the gradient rollouts."""
+    json: Path | None = None
+    """Also write the results to this JSON file."""
+
+    def run(self) -> int:
+        from bcg.evaluation.sim_throughput import main as bench_main
+
+        argv = ["--device", self.device, "--sizes", *map(str, self.sizes), "--steps", str(self.steps),
+                "--repeats", str(self.repeats)]
+        if self.no_backward:
+            argv.append("--no-backward")
+        if self.json is not None:
+            argv += ["--json", str(self.json)]
+        bench_main(argv)
+        return 0
+
+
 MOTION_COMMANDS: dict[str, type] = {
     "list": MotionsList,
     "inspect": MotionsInspect,
@@ -208,6 +238,7 @@ MOTION_COMMANDS: dict[str, type] = {
 """``bcg motions ...`` subcommands."""
 
 COMMANDS: dict[str, type | dict[str, type]] = {
+    "bench": Bench,
     "motions": MOTION_COMMANDS,
 }
 """Top-level commands: a dataclass (a command) or a dict of them (a group)."""

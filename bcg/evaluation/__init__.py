@@ -1,0 +1,1 @@
+"""Evaluation: benchmarks against MuJoCo, metrics, comparisons (more to come)."""
