@@ -2,76 +2,37 @@
 
 from __future__ import annotations
 
-import mujoco
-import numpy as np
 import pytest
 import torch
 
+from bcg.evaluation.standing import stand_bcg, stand_mujoco
 from bcg.robots import g1
 from bcg.sim import step
 
 SECONDS = 10.0
 
 
-def _stand(model, seconds: float):
-    """Roll out PD standing at the default pose; returns pelvis height [T], mean positive penetration [T],
-    total normal impulse per step [T] (N s)."""
-    q = torch.tensor(g1.default_qpos(), dtype=torch.float32)[None]
-    qd = torch.zeros(1, model.nv)
-    targets = torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32)[None]
-    z, pen, imp = [], [], []
-    with torch.no_grad():
-        for _ in range(int(round(seconds / model.params.control_dt))):
-            q, qd, rep = step(model, q, qd, targets)
-            z.append(float(q[0, 2]))
-            pen.append(float(rep.penetration.clamp(min=0).mean()))
-            imp.append(float(rep.impulse.sum()))
-    return np.array(z), np.array(pen), np.array(imp)
-
-
-def _mujoco_stand_penetration(seconds: float, dt: float) -> tuple[float, float]:
-    """Mean positive sphere penetration over the second half, and final pelvis height, in MuJoCo."""
-    m = mujoco.MjModel.from_xml_path(str(g1.SCENE_PATH))
-    m.opt.timestep = dt
-    d = mujoco.MjData(m)
-    d.qpos[:] = g1.default_qpos()
-    d.ctrl[:] = g1.DEFAULT_JOINT_POS
-    spheres = [g for g in range(m.ngeom) if m.geom_type[g] == mujoco.mjtGeom.mjGEOM_SPHERE and m.geom_bodyid[g] > 0
-               and m.geom_contype[g] > 0]
-    pens = []
-    for k in range(int(round(seconds / dt))):
-        mujoco.mj_step(m, d)
-        if k * dt >= seconds / 2:
-            pens.append(np.mean([max(m.geom_size[g, 0] - d.geom_xpos[g, 2], 0.0) for g in spheres]))
-    return float(np.mean(pens)), float(d.qpos[2])
-
-
 @pytest.fixture(scope="module")
-def standing(g1_model):
-    return _stand(g1_model, SECONDS)
+def standing():
+    return stand_bcg(SECONDS, kappa=300.0)
 
 
 def test_stands_for_ten_seconds(standing):
-    z, _, _ = standing
-    assert z.min() > 0.75, z.min()
-    assert abs(z[-1] - z[0]) < 0.01
+    assert standing.z.min() > 0.75, standing.z.min()
+    assert abs(standing.z[-1] - standing.z[0]) < 0.01
 
 
-def test_penetration_close_to_mujoco(g1_model, standing):
-    _, pen, _ = standing
-    half = len(pen) // 2
-    ours = pen[half:].mean()
-    theirs, z_mj = _mujoco_stand_penetration(SECONDS, g1_model.params.dt)
-    assert z_mj > 0.75
+def test_penetration_close_to_mujoco(standing):
+    half = len(standing.penetration) // 2
+    ours = standing.penetration[half:].mean()
+    mj = stand_mujoco(SECONDS)
+    assert mj.z.min() > 0.75
+    theirs = mj.penetration[half:].mean()
     assert abs(ours - theirs) < 4e-3, (ours, theirs)
 
 
-def test_normal_impulse_balances_weight(g1_model, standing):
-    _, _, imp = standing
-    per_second = int(round(1.0 / g1_model.params.control_dt))
-    last_second = imp[-per_second:].sum()
-    weight_impulse = g1_model.total_mass * abs(g1_model.gravity[2]) * 1.0
-    assert abs(last_second / weight_impulse - 1) < 0.05
+def test_normal_impulse_balances_weight(standing):
+    assert abs(standing.impulse_over_weight(1.0) - 1) < 0.05
 
 
 def test_same_seed_rollouts_are_bitwise_identical(g1_model):

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from bcg.sim.model import SimModel
+from bcg.sim.reference import quat_to_matrix_wxyz as quat_to_matrix
 
 __all__ = [
     "Features",
@@ -40,18 +41,6 @@ __all__ = [
     "quat_to_matrix",
     "matrix_to_quat",
 ]
-
-
-def quat_to_matrix(q_wxyz: torch.Tensor) -> torch.Tensor:
-    """Rotation matrices [..., 3, 3] of quaternions [..., 4] (w, x, y, z; normalised here)."""
-    q = q_wxyz / torch.linalg.norm(q_wxyz, dim=-1, keepdim=True)
-    w, x, y, z = q.unbind(-1)
-    rows = [
-        1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y),
-        2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x),
-        2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
-    ]
-    return torch.stack(rows, -1).reshape(q.shape[:-1] + (3, 3))
 
 
 def matrix_to_quat(R: torch.Tensor) -> torch.Tensor:
