@@ -17,7 +17,7 @@ from bcg.robots import g1
 from bcg.sim import kernels as K
 from bcg.sim.engine import StepArrays, run_control_step, substep_launches
 
-KERNELS = ["fk_rnea", "composite", "mass_tau", "cholesky_free", "contact_setup", "pgs", "apply_integrate"]
+KERNELS = ["fk_rnea", "composite", "mass_tau", "factor_free", "contact_setup", "pgs", "apply_integrate"]
 
 
 @pytest.fixture(scope="module")

@@ -42,6 +42,7 @@ class ModelArrays:
     dof_body: wp.array
     dof_ancestors: wp.array
     dof_ancestor_count: wp.array
+    dof_subtree_end: wp.array
     dof_armature: wp.array
     dof_damping: wp.array
     dof_actuator: wp.array
@@ -82,6 +83,7 @@ def _build_arrays(model: SimModel) -> ModelArrays:
         dof_body=i32(model.dof_body),
         dof_ancestors=i32(model.dof_ancestors),
         dof_ancestor_count=i32(model.dof_ancestor_count),
+        dof_subtree_end=i32(model.dof_subtree_end),
         dof_armature=f32(model.dof_armature),
         dof_damping=f32(model.dof_damping),
         dof_actuator=i32(model.dof_actuator),
@@ -156,7 +158,7 @@ class StepArrays:
                 L=zeros((n, nv, nv)), L_tmp=zeros((n, nv, nv)), y=empty((n, nv)), y_tmp=empty((n, nv)),
                 x=empty((n, nv)), x_tmp=empty((n, nv)), v_free=empty((n, nv)),
                 J_foot=zeros((n, nf6, nv)), foot_twist=empty((n, max(nf, 1)), wp.spatial_vector),
-                Y=empty((n, nf6, nv)), Y_tmp=empty((n, nf6, nv)), Lam=empty((n, nf6, nf6)),
+                Y=zeros((n, nf6, nv)), Y_tmp=empty((n, nf6, nv)), Lam=empty((n, nf6, nf6)),
                 G=empty((n, nr), wp.spatial_vector), P=empty((n, nr, nf6)), A=empty((n, nr, nr)),
                 w=empty((n, nr)), s_act=empty((n, nc)), depth=empty((n, nc)),
                 lam=zeros((n, it + 1, nr)), residual=empty((n, it, nr)),
@@ -169,6 +171,7 @@ class StepArrays:
         for s in self.sub:
             s["H"].zero_()
             s["J_foot"].zero_()
+            s["Y"].zero_()
 
 
 def allocate_step(model: SimModel, n: int, requires_grad: bool) -> StepArrays:
@@ -212,7 +215,7 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int) -> list[Launch]:
                 m.dof_damping, m.dof_actuator, m.kp, m.kd, m.torque_limit, p.dt, s["S"], s["IC_O"], s["IC_h"],
                 s["IC_m"], s["F_sub"]],
                [s["H"], s["tau"]]),
-        Launch(K.cholesky_free, [qd, s["H"], s["tau"], p.dt],
+        Launch(K.factor_free, [qd, s["H"], s["tau"], m.dof_ancestors, m.dof_ancestor_count, m.dof_subtree_end, p.dt],
                [s["L"], s["L_tmp"], s["y"], s["y_tmp"], s["x"], s["x_tmp"], s["v_free"]]),
         Launch(K.contact_setup,
                [s["X_w"], s["S"], m.sphere_body, m.sphere_pos, m.sphere_radius, m.sphere_foot, m.foot_body,
@@ -222,7 +225,8 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int) -> list[Launch]:
         Launch(K.pgs, [s["A"], s["w"], s["s_act"], s["depth"], p.mu, p.iterations, k],
                [s["lam"], s["residual"], arrs.impulse, arrs.depth]),
         Launch(K.apply_integrate,
-               [q, s["v_free"], s["Y"], s["G"], s["L"], s["lam"], m.sphere_foot, p.iterations, p.dt],
+               [q, s["v_free"], s["Y"], s["G"], s["L"], s["lam"], m.sphere_foot, m.dof_ancestors,
+                m.dof_ancestor_count, p.iterations, p.dt],
                [s["foot_impulse"], s["z"], s["dv_tmp"], s["dv"], arrs.q[k + 1], arrs.qd[k + 1]]),
     ]
 

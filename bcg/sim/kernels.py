@@ -1,7 +1,7 @@
 """Warp kernels of one physics substep, one thread per environment (float32).
 
 The algorithm is the one of :mod:`bcg.sim.reference` (read that module for the maths). One substep is seven
-launches: ``fk_rnea`` -> ``composite`` -> ``mass_tau`` -> ``cholesky_free`` -> ``contact_setup`` -> ``pgs`` ->
+launches: ``fk_rnea`` -> ``composite`` -> ``mass_tau`` -> ``factor_free`` -> ``contact_setup`` -> ``pgs`` ->
 ``apply_integrate``. Spatial vectors are (angular, linear) about the world origin; Warp quaternions are x, y, z, w
 inside the kernels, while the state arrays ``q`` keep MuJoCo's w, x, y, z.
 
@@ -26,7 +26,7 @@ __all__ = [
     "fk_rnea",
     "composite",
     "mass_tau",
-    "cholesky_free",
+    "factor_free",
     "contact_setup",
     "pgs",
     "apply_integrate",
@@ -225,11 +225,23 @@ def mass_tau(
             H[e, b, a] = h_ab
 
 
+@wp.func
+def chain_dof(a0: int, c: int, dof_ancestors: wp.array2d(dtype=int)):
+    """Entry c of the kinematic chain that ends at dof a0: a0 itself, then its ancestors, nearest first."""
+    d = a0
+    if c > 0:
+        d = dof_ancestors[a0, c - 1]
+    return d
+
+
 @wp.kernel
-def cholesky_free(
+def factor_free(
     qd: wp.array2d(dtype=float),
     H: wp.array3d(dtype=float),
     tau: wp.array2d(dtype=float),
+    dof_ancestors: wp.array2d(dtype=int),
+    dof_ancestor_count: wp.array(dtype=int),
+    dof_subtree_end: wp.array(dtype=int),
     dt: float,
     # outputs
     L: wp.array3d(dtype=float),
@@ -240,33 +252,44 @@ def cholesky_free(
     x_tmp: wp.array2d(dtype=float),
     v_free: wp.array2d(dtype=float),
 ):
-    """H = L L^T (dense Cholesky), x = H^-1 tau, free velocity v* = qd + dt x."""
+    """Tree-sparse factorisation H = L^T L (Featherstone's LTL: L[k, i] != 0 only for i = k or i an ancestor of k,
+    so there is no fill-in), x = H^-1 tau, free velocity v* = qd + dt x.
+
+    Processed from the last dof to the first; the descendants of dof k are the contiguous range
+    (k, dof_subtree_end[k]), so every entry is computed once from entries already final:
+    L[k, i] = (H[k, i] - sum_{m below k} L[m, k] L[m, i]) / L[k, k].
+    """
     e = wp.tid()
     nv = qd.shape[1]
-    for j in range(nv):
-        s = H[e, j, j]
-        for k in range(j):
-            s = s - L[e, j, k] * L[e, j, k]
-        L_tmp[e, j, j] = s  # store-and-reload before sqrt (loop-carried value)
-        l_jj = wp.sqrt(L_tmp[e, j, j])
-        L[e, j, j] = l_jj
-        for i in range(j + 1, nv):
-            t = H[e, i, j]
-            for k in range(j):
-                t = t - L[e, i, k] * L[e, j, k]
-            L_tmp[e, i, j] = t
-            L[e, i, j] = L_tmp[e, i, j] / l_jj
+    for kk in range(nv):
+        k = nv - 1 - kk
+        end = dof_subtree_end[k]
+        s = H[e, k, k]
+        for m in range(k + 1, end):
+            s = s - L[e, m, k] * L[e, m, k]
+        L_tmp[e, k, k] = s  # store-and-reload before sqrt (loop-carried value)
+        l_kk = wp.sqrt(L_tmp[e, k, k])
+        L[e, k, k] = l_kk
+        for c in range(dof_ancestor_count[k]):
+            i = dof_ancestors[k, c]
+            t = H[e, k, i]
+            for m in range(k + 1, end):
+                t = t - L[e, m, k] * L[e, m, i]
+            L_tmp[e, k, i] = t
+            L[e, k, i] = L_tmp[e, k, i] / l_kk
+    # L^T y = tau (from the last dof up), then L x = y (from the root down)
+    for kk in range(nv):
+        k = nv - 1 - kk
+        t = tau[e, k]
+        for m in range(k + 1, dof_subtree_end[k]):
+            t = t - L[e, m, k] * y[e, m]
+        y_tmp[e, k] = t
+        y[e, k] = y_tmp[e, k] / L[e, k, k]
     for i in range(nv):
-        t = tau[e, i]
-        for k in range(i):
-            t = t - L[e, i, k] * y[e, k]
-        y_tmp[e, i] = t
-        y[e, i] = y_tmp[e, i] / L[e, i, i]
-    for ii in range(nv):
-        i = nv - 1 - ii
         t = y[e, i]
-        for k in range(i + 1, nv):
-            t = t - L[e, k, i] * x[e, k]
+        for c in range(dof_ancestor_count[i]):
+            j = dof_ancestors[i, c]
+            t = t - L[e, i, j] * x[e, j]
         x_tmp[e, i] = t
         x[e, i] = x_tmp[e, i] / L[e, i, i]
     for a in range(nv):
@@ -306,8 +329,8 @@ def contact_setup(
     """Contact rows, Delassus matrix A = J H^-1 J^T [N, 3nc, 3nc] and bias w [N, 3nc].
 
     Each sphere has a normal (e_z) and two tangent (e_x, e_y) rows at its lowest point p; row r is G_r^T J_foot
-    with the spatial force G_r = (p x n, n), so only the 6 rows of each contact body need a solve with L:
-    Y = L^-1 J_foot^T, Lam = Y Y^T, A = G Lam G^T. J_foot must arrive zeroed.
+    with the spatial force G_r = (p x n, n), so only the 6 rows of each contact body need a solve with the factor
+    of H = L^T L: Y = L^-T J_foot^T, Lam = Y^T Y, A = G Lam G^T. J_foot and Y must arrive zeroed.
     """
     e = wp.tid()
     nc = sphere_body.shape[0]
@@ -344,18 +367,27 @@ def contact_setup(
             if k == 0:
                 w_r = w_r - beta * wp.max(d, 0.0) / dt
             w[e, r] = w_r
+    # Y = L^-T J_foot^T: solving L^T Y_r = J_r^T only touches the foot's own chain (Y is zero elsewhere)
     for r in range(6 * nf):
-        for i in range(nv):
-            t2 = J_foot[e, r, i]
-            for k2 in range(i):
-                t2 = t2 - L[e, i, k2] * Y[e, r, k2]
-            Y_tmp[e, r, i] = t2
-            Y[e, r, i] = Y_tmp[e, r, i] / L[e, i, i]
+        a0 = body_last_dof[foot_body[r // 6]]
+        n_chain = dof_ancestor_count[a0] + 1
+        for c in range(n_chain):
+            k = chain_dof(a0, c, dof_ancestors)
+            t2 = J_foot[e, r, k]
+            for c2 in range(c):
+                m = chain_dof(a0, c2, dof_ancestors)
+                t2 = t2 - L[e, m, k] * Y[e, r, m]
+            Y_tmp[e, r, k] = t2
+            Y[e, r, k] = Y_tmp[e, r, k] / L[e, k, k]
+    # Lam = Y Y^T (inverse operational-space inertia of the contact bodies), summed over the first row's chain
     for r1 in range(6 * nf):
+        a1 = body_last_dof[foot_body[r1 // 6]]
+        n1 = dof_ancestor_count[a1] + 1
         for r2 in range(r1 + 1):
             acc = float(0.0)
-            for i in range(nv):
-                acc = acc + Y[e, r1, i] * Y[e, r2, i]
+            for c in range(n1):
+                k = chain_dof(a1, c, dof_ancestors)
+                acc = acc + Y[e, r1, k] * Y[e, r2, k]
             Lam[e, r1, r2] = acc
             if r2 < r1:
                 Lam[e, r2, r1] = acc
@@ -452,6 +484,8 @@ def apply_integrate(
     L: wp.array3d(dtype=float),
     lam: wp.array3d(dtype=float),
     sphere_foot: wp.array(dtype=int),
+    dof_ancestors: wp.array2d(dtype=int),
+    dof_ancestor_count: wp.array(dtype=int),
     iterations: int,
     dt: float,
     # outputs
@@ -462,7 +496,8 @@ def apply_integrate(
     q_out: wp.array2d(dtype=float),
     qd_out: wp.array2d(dtype=float),
 ):
-    """v+ = v* + H^-1 J^T lambda (through the foot rows: J^T lambda = L Y^T F), then semi-implicit Euler."""
+    """v+ = v* + H^-1 J^T lambda = v* + L^-1 (Y^T F) with F the spatial impulse on each contact body, then
+    semi-implicit Euler."""
     e = wp.tid()
     nf = foot_impulse.shape[1]
     nc = sphere_foot.shape[0]
@@ -479,11 +514,11 @@ def apply_integrate(
             for m6 in range(6):
                 acc = acc + Y[e, 6 * f + m6, i] * foot_impulse[e, f][m6]
         z[e, i] = acc
-    for ii in range(nv):
-        i = nv - 1 - ii
+    for i in range(nv):
         t = z[e, i]
-        for k in range(i + 1, nv):
-            t = t - L[e, k, i] * dv[e, k]
+        for c in range(dof_ancestor_count[i]):
+            j = dof_ancestors[i, c]
+            t = t - L[e, i, j] * dv[e, j]
         dv_tmp[e, i] = t
         dv[e, i] = dv_tmp[e, i] / L[e, i, i]
     for a in range(nv):

@@ -98,6 +98,7 @@ class SimModel:
     dof_body: np.ndarray  # [nv] int
     dof_ancestors: np.ndarray  # [nv, max_depth] int, padded with -1: dofs above dof a, nearest first
     dof_ancestor_count: np.ndarray  # [nv] int
+    dof_subtree_end: np.ndarray  # [nv] int: the dofs below dof a (a excluded) are the range (a, dof_subtree_end[a])
     dof_armature: np.ndarray  # [nv] [kg m^2] or [kg]
     dof_damping: np.ndarray  # [nv] viscous joint damping [N m s/rad]
     dof_actuator: np.ndarray  # [nv] int: actuator driving the dof, or -1
@@ -259,6 +260,7 @@ def model_from_mujoco(m: Any, device: str = "cpu", params: ContactParams | None 
     for a, chain in enumerate(chains):
         ancestors[a, : len(chain)] = chain
     count = np.array([len(c) for c in chains], np.int64)
+    dof_subtree_end = np.array([nv] * 6 + [5 + subtree_end[b] for b in range(1, nb)], np.int64)
 
     dof_actuator = np.full(nv, -1, np.int64)
     actuator_dof = np.array([m.jnt_dofadr[m.actuator_trnid[a, 0]] for a in range(m.nu)], np.int64)
@@ -299,6 +301,7 @@ def model_from_mujoco(m: Any, device: str = "cpu", params: ContactParams | None 
         dof_body=dof_body,
         dof_ancestors=ancestors,
         dof_ancestor_count=count,
+        dof_subtree_end=dof_subtree_end,
         dof_armature=m.dof_armature.astype(np.float64).copy(),
         dof_damping=m.dof_damping.astype(np.float64).copy(),
         dof_actuator=dof_actuator,
