@@ -49,7 +49,13 @@ def test_same_seed_rollouts_are_bitwise_identical(g1_model):
         (q.sum() + qd.square().sum()).backward()
         return q.detach(), qd.detach(), torch.stack(imps).detach(), tg.grad
 
-    a, b = rollout(3), rollout(3)
+    from bcg.sim.engine import model_arrays
+
+    model_arrays(g1_model)
+    g1_model.warp.grad_pool.clear()
+    a = rollout(3)  # fresh arrays
+    assert g1_model.warp.grad_pool.get(3), "backward should hand the step arrays back to the pool"
+    b = rollout(3)  # arrays reused from the pool: stale values or gradients would show here
     for x, y in zip(a, b):
         assert torch.equal(x, y)
 

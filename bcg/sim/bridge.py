@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import torch
 import warp as wp
 
-from bcg.sim.engine import StepArrays, allocate_step, run_control_step, run_dynamics_terms
+from bcg.sim.engine import StepArrays, allocate_step, release_step, run_control_step, run_dynamics_terms
 from bcg.sim.model import SimModel
 from bcg.sim.reference import ContactReport
 
@@ -94,6 +94,7 @@ class _WarpControlStep(torch.autograd.Function):
             out = tuple(wp.to_torch(a.grad).clone() for a in (arrs.q[0], arrs.qd[0], arrs.targets))
         ctx.tape = None
         ctx.arrs = None
+        release_step(model, arrs)
         return (None, *out)
 
 

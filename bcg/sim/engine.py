@@ -20,6 +20,7 @@ __all__ = [
     "StepArrays",
     "allocate_step",
     "model_arrays",
+    "release_step",
     "run_control_step",
     "run_dynamics_terms",
     "substep_launches",
@@ -105,6 +106,11 @@ def _build_arrays(model: SimModel) -> ModelArrays:
 class _Cache:
     arrays: ModelArrays | None = None
     workspaces: dict = field(default_factory=dict)
+    grad_pool: dict = field(default_factory=dict)
+    """Released gradient-step arrays by N: reusing them avoids page-faulting hundreds of MiB per rollout."""
+
+
+_POOL_LIMIT = 256
 
 
 def model_arrays(model: SimModel) -> ModelArrays:
@@ -166,19 +172,35 @@ class StepArrays:
                 dv=empty((n, nv)),
             ))
 
-    def reset_for_reuse(self) -> None:
-        """Re-zero the partially written scratch so that the arrays can serve another step (no-grad use only)."""
+    def all_arrays(self) -> list[wp.array]:
+        """Every array of the step (states, inputs, per-substep scratch)."""
+        out = self.q + self.qd + [self.targets, self.impulse, self.depth]
         for s in self.sub:
-            s["H"].zero_()
-            s["J_foot"].zero_()
-            s["Y"].zero_()
+            out += list(s.values())
+        return out
+
+    def reset_for_reuse(self) -> None:
+        """Re-zero the partially written scratch (and, with gradients, every gradient) so that the arrays can serve
+        another step."""
+        for s in self.sub:
+            for name in ("H", "J_foot", "Y", "lam"):
+                s[name].zero_()
+        if self.requires_grad:
+            for a in self.all_arrays():
+                a.grad.zero_()
 
 
 def allocate_step(model: SimModel, n: int, requires_grad: bool) -> StepArrays:
-    """Fresh arrays for one step (with a tape), or a cached, reused set (without gradients)."""
-    if requires_grad:
-        return StepArrays(model, n, True)
+    """Arrays for one step: with gradients, a set of its own (from the pool of released sets when possible);
+    without, one cached set that every call reuses."""
     model_arrays(model)
+    if requires_grad:
+        pool = model.warp.grad_pool.get(n)
+        if pool:
+            arrs = pool.pop()
+            arrs.reset_for_reuse()
+            return arrs
+        return StepArrays(model, n, True)
     key = (n,)
     ws = model.warp.workspaces.get(key)
     if ws is None:
@@ -229,6 +251,13 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int) -> list[Launch]:
                 m.dof_ancestor_count, p.iterations, p.dt],
                [s["foot_impulse"], s["z"], s["dv_tmp"], s["dv"], arrs.q[k + 1], arrs.qd[k + 1]]),
     ]
+
+
+def release_step(model: SimModel, arrs: StepArrays) -> None:
+    """Give a gradient step's arrays back once its tape has been replayed and nothing refers to them any more."""
+    pool = model.warp.grad_pool.setdefault(arrs.n, [])
+    if len(pool) < _POOL_LIMIT:
+        pool.append(arrs)
 
 
 def run_control_step(model: SimModel, arrs: StepArrays) -> None:

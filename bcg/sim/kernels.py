@@ -335,7 +335,6 @@ def contact_setup(
     e = wp.tid()
     nc = sphere_body.shape[0]
     nf = foot_body.shape[0]
-    nv = v_free.shape[1]
     for f in range(nf):
         a0 = body_last_dof[foot_body[f]]
         S0 = S[e, a0]
@@ -400,13 +399,15 @@ def contact_setup(
                 acc = acc + G_r[m6] * Lam[e, 6 * f + m6, j]
             P[e, r, j] = acc
     for r1 in range(3 * nc):
-        for r2 in range(3 * nc):
+        for r2 in range(r1 + 1):  # A is symmetric
             f2 = sphere_foot[r2 // 3]
             G2 = G[e, r2]
             acc = float(0.0)
             for m6 in range(6):
                 acc = acc + P[e, r1, 6 * f2 + m6] * G2[m6]
             A[e, r1, r2] = acc
+            if r2 < r1:
+                A[e, r2, r1] = acc
 
 
 @wp.kernel
