@@ -49,10 +49,10 @@ def test_same_seed_rollouts_are_bitwise_identical(g1_model):
         (q.sum() + qd.square().sum()).backward()
         return q.detach(), qd.detach(), torch.stack(imps).detach(), tg.grad
 
-    from bcg.sim.engine import model_arrays
+    from bcg.sim.engine import clear_pool, model_arrays
 
     model_arrays(g1_model)
-    g1_model.warp.grad_pool.clear()
+    clear_pool(g1_model)
     a = rollout(3)  # fresh arrays
     assert g1_model.warp.grad_pool.get(3), "backward should hand the step arrays back to the pool"
     b = rollout(3)  # arrays reused from the pool: stale values or gradients would show here

@@ -20,6 +20,7 @@ __all__ = [
     "StepArrays",
     "allocate_step",
     "model_arrays",
+    "clear_pool",
     "release_step",
     "run_control_step",
     "run_dynamics_terms",
@@ -108,9 +109,11 @@ class _Cache:
     workspaces: dict = field(default_factory=dict)
     grad_pool: dict = field(default_factory=dict)
     """Released gradient-step arrays by N: reusing them avoids page-faulting hundreds of MiB per rollout."""
+    pool_bytes: int = 0
 
 
-_POOL_LIMIT = 256
+POOL_LIMIT_BYTES = 2 * 2**30
+"""At most this many bytes of released gradient-step arrays are kept per model for reuse (the rest are freed)."""
 
 
 def model_arrays(model: SimModel) -> ModelArrays:
@@ -172,6 +175,11 @@ class StepArrays:
                 dv=empty((n, nv)),
             ))
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the arrays and their gradients."""
+        return sum(a.capacity * (2 if a.requires_grad else 1) for a in self.all_arrays())
+
     def all_arrays(self) -> list[wp.array]:
         """Every array of the step (states, inputs, per-substep scratch)."""
         out = self.q + self.qd + [self.targets, self.impulse, self.depth]
@@ -198,6 +206,7 @@ def allocate_step(model: SimModel, n: int, requires_grad: bool) -> StepArrays:
         pool = model.warp.grad_pool.get(n)
         if pool:
             arrs = pool.pop()
+            model.warp.pool_bytes -= arrs.nbytes
             arrs.reset_for_reuse()
             return arrs
         return StepArrays(model, n, True)
@@ -255,9 +264,18 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int) -> list[Launch]:
 
 def release_step(model: SimModel, arrs: StepArrays) -> None:
     """Give a gradient step's arrays back once its tape has been replayed and nothing refers to them any more."""
-    pool = model.warp.grad_pool.setdefault(arrs.n, [])
-    if len(pool) < _POOL_LIMIT:
-        pool.append(arrs)
+    cache = model.warp
+    size = arrs.nbytes
+    if cache.pool_bytes + size <= POOL_LIMIT_BYTES:
+        cache.grad_pool.setdefault(arrs.n, []).append(arrs)
+        cache.pool_bytes += size
+
+
+def clear_pool(model: SimModel) -> None:
+    """Free the released gradient-step arrays kept for reuse."""
+    if model.warp is not None:
+        model.warp.grad_pool.clear()
+        model.warp.pool_bytes = 0
 
 
 def run_control_step(model: SimModel, arrs: StepArrays) -> None:
