@@ -91,3 +91,24 @@ def test_warp_gradient_equals_float64_reference_gradient(g1_model):
     _loss(_rollout(reference.step, g1_model, q0, torch.zeros(1, g1_model.nv, dtype=torch.float64), tg)).sum().backward()
     rel = (grad_wp - tg.grad).norm() / tg.grad.norm()
     assert rel < 1e-3, rel
+
+
+@pytest.mark.parametrize("kappa", [50.0, 300.0])
+def test_warp_trajectory_equals_float64_reference(g1_model, kappa):
+    """Forward agreement over the same 32 steps: states and per-sphere impulses, Warp float32 vs torch float64."""
+    model = g1_model.with_params(kappa=kappa)
+    targets = _targets(model, torch.Generator().manual_seed(11))
+    q_w = torch.tensor(g1.default_qpos(), dtype=torch.float32)[None]
+    qd_w = torch.zeros(1, model.nv)
+    q_r = torch.tensor(g1.default_qpos())[None]
+    qd_r = torch.zeros(1, model.nv, dtype=torch.float64)
+    worst_q = worst_imp = 0.0
+    with torch.no_grad():
+        for t in range(T):
+            q_w, qd_w, rep_w = step(model, q_w, qd_w, targets[:, t].float())
+            q_r, qd_r, rep_r = reference.step(model, q_r, qd_r, targets[:, t])
+            worst_q = max(worst_q, float((q_w.double() - q_r).abs().max()))
+            worst_imp = max(worst_imp, float((rep_w.impulse.double() - rep_r.impulse).abs().max()))
+    weight_impulse = model.total_mass * 9.81 * model.params.control_dt
+    assert worst_q < 1e-4, worst_q
+    assert worst_imp < 1e-4 * weight_impulse, worst_imp
