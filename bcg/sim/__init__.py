@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from bcg.sim.model import ContactParams, SimModel, UnsupportedModelError, load_model, model_from_mujoco
+from bcg.sim.physics import Physics, default_physics
 from bcg.sim.reference import ContactReport
 
 if TYPE_CHECKING:
@@ -18,9 +19,11 @@ if TYPE_CHECKING:
 __all__ = [
     "ContactParams",
     "ContactReport",
+    "Physics",
     "SimModel",
     "UnsupportedModelError",
     "bias_forces",
+    "default_physics",
     "load_model",
     "mass_matrix",
     "model_from_mujoco",
@@ -28,12 +31,12 @@ __all__ = [
 ]
 
 
-def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor
+def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor, physics: Physics | None = None
          ) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
     """Differentiable control step; see :func:`bcg.sim.bridge.step`."""
     from bcg.sim.bridge import step as _step
 
-    return _step(model, q, qd, targets)
+    return _step(model, q, qd, targets, physics)
 
 
 def mass_matrix(model: SimModel, q: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,7 @@ import warp as wp
 
 from bcg.sim.engine import StepArrays, allocate_step, release_step, run_control_step, run_dynamics_terms
 from bcg.sim.model import SimModel
+from bcg.sim.physics import Physics, check_physics
 from bcg.sim.reference import ContactReport
 
 __all__ = ["step", "mass_matrix", "bias_forces", "ContactReport"]
@@ -51,18 +52,27 @@ def _warp_stream(model: SimModel) -> Iterator[None]:
         yield
 
 
-def _load_inputs(arrs: StepArrays, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor) -> None:
+_VEC_FIELDS = {"body_com": wp.vec3, "body_inertia": wp.mat33}
+
+
+def _load_inputs(arrs: StepArrays, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
+                 physics: Physics | None = None) -> None:
     for dst, src in ((arrs.q[0], q), (arrs.qd[0], qd), (arrs.targets, targets)):
         wp.copy(dst, wp.from_torch(src.detach().contiguous()))
+    if physics is not None:
+        for name, dst in arrs.physics.items():
+            src = getattr(physics, name).detach().contiguous()
+            wp.copy(dst, wp.from_torch(src, dtype=_VEC_FIELDS.get(name, wp.float32)))
 
 
 class _WarpControlStep(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor):  # type: ignore[override]
-        grad = any(ctx.needs_input_grad[1:])
-        arrs = allocate_step(model, q.shape[0], requires_grad=grad)
+    def forward(ctx, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,  # type: ignore[override]
+                physics: Physics | None):
+        grad = any(ctx.needs_input_grad[1:4])
+        arrs = allocate_step(model, q.shape[0], requires_grad=grad, per_env_physics=physics is not None)
         with _warp_stream(model):
-            _load_inputs(arrs, q, qd, targets)
+            _load_inputs(arrs, q, qd, targets, physics)
             if grad:
                 tape = wp.Tape()
                 with tape:
@@ -95,10 +105,10 @@ class _WarpControlStep(torch.autograd.Function):
         ctx.tape = None
         ctx.arrs = None
         release_step(model, arrs)
-        return (None, *out)
+        return (None, *out, None)
 
 
-def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor
+def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor, physics: Physics | None = None
          ) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
     """One differentiable control step: ``model.params.substeps`` physics substeps with the PD targets held.
 
@@ -107,6 +117,9 @@ def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tens
         q: qpos [N, nq] float32 (MuJoCo layout, root quaternion w, x, y, z).
         qd: qvel [N, nv] float32 (root linear velocity in the world frame, angular velocity in the body frame).
         targets: PD position targets [N, nu] float32 [rad], in actuator order.
+        physics: optional per-environment masses, COMs, inertias, armature, damping, gains and friction
+            (:class:`bcg.sim.Physics`, e.g. from domain randomisation); default: the model's shared values.
+            No gradients flow to them.
     Returns:
         ``(q_next [N, nq], qd_next [N, nv], ContactReport)``. Gradients flow to ``q``, ``qd`` and ``targets``
         from ``q_next``, ``qd_next`` and the contact impulses (``impulse``, ``peak_force``); ``penetration``
@@ -117,7 +130,9 @@ def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tens
     _check(model, "targets", targets, model.nu, n)
     if bool((q[:, 3:7].norm(dim=1) < 1e-6).any()):
         raise ValueError("q has a root quaternion of (near) zero norm")
-    q_next, qd_next, impulses, depth = _WarpControlStep.apply(model, q, qd, targets)
+    if physics is not None:
+        check_physics(model, physics, n, _torch_device(model))
+    q_next, qd_next, impulses, depth = _WarpControlStep.apply(model, q, qd, targets, physics)
     report = ContactReport(
         impulse=impulses.sum(1),
         peak_force=impulses.amax(1) / model.params.dt,

@@ -36,7 +36,7 @@ class ModelArrays:
     body_pos: wp.array
     body_quat: wp.array  # x, y, z, w (Warp order)
     body_axis: wp.array
-    body_mass: wp.array
+    body_mass: wp.array  # [1, nb]: the physical parameters have a leading row axis (1 = shared, N = per env)
     body_com: wp.array
     body_inertia: wp.array
     body_subtree_end: wp.array
@@ -52,6 +52,7 @@ class ModelArrays:
     dof_zero: wp.array
     kp: wp.array
     kd: wp.array
+    mu: wp.array  # [1]
     torque_limit: wp.array
     sphere_body: wp.array
     sphere_pos: wp.array
@@ -77,22 +78,23 @@ def _build_arrays(model: SimModel) -> ModelArrays:
         body_pos=f32(model.body_pos, wp.vec3),
         body_quat=f32(quat_xyzw, wp.quat),
         body_axis=f32(model.body_axis, wp.vec3),
-        body_mass=f32(model.body_mass),
-        body_com=f32(model.body_com, wp.vec3),
-        body_inertia=f32(model.body_inertia, wp.mat33),
+        body_mass=f32(model.body_mass[None]),
+        body_com=f32(model.body_com[None], wp.vec3),
+        body_inertia=f32(model.body_inertia[None], wp.mat33),
         body_subtree_end=i32(model.body_subtree_end),
         body_last_dof=i32(model.body_last_dof),
         dof_body=i32(model.dof_body),
         dof_ancestors=i32(model.dof_ancestors),
         dof_ancestor_count=i32(model.dof_ancestor_count),
         dof_subtree_end=i32(model.dof_subtree_end),
-        dof_armature=f32(model.dof_armature),
-        dof_damping=f32(model.dof_damping),
+        dof_armature=f32(model.dof_armature[None]),
+        dof_damping=f32(model.dof_damping[None]),
         dof_actuator=i32(model.dof_actuator),
         dof_no_actuator=i32(np.full(model.nv, -1)),
-        dof_zero=f32(np.zeros(model.nv)),
-        kp=f32(model.kp),
-        kd=f32(model.kd),
+        dof_zero=f32(np.zeros((1, model.nv))),
+        kp=f32(model.kp[None]),
+        kd=f32(model.kd[None]),
+        mu=f32(np.array([model.params.mu])),
         torque_limit=f32(limit),
         sphere_body=i32(model.sphere_body),
         sphere_pos=f32(model.sphere_pos.reshape(-1, 3), wp.vec3),
@@ -134,7 +136,7 @@ class StepArrays:
     ``impulse`` and ``depth`` [N, S, nc] the per-substep normal impulses [N s] and penetrations [m].
     """
 
-    def __init__(self, model: SimModel, n: int, requires_grad: bool):
+    def __init__(self, model: SimModel, n: int, requires_grad: bool, per_env_physics: bool = False):
         p = model.params
         nb, nv, nc, nf, nu = model.nb, model.nv, model.nc, model.nf, model.nu
         nr, nf6, it = 3 * nc, 6 * nf, p.iterations
@@ -150,6 +152,20 @@ class StepArrays:
         self.requires_grad = requires_grad
         self.recorded: list | None = None
         """Recorded launches of a reused (no-gradient) workspace, replayed by :func:`run_control_step`."""
+        self.physics: dict[str, wp.array] | None = None
+        """Per-environment physical parameters ([N, ...], no gradients), filled by the caller before each step;
+        None: the model's shared parameters."""
+        if per_env_physics:
+            self.physics = dict(
+                body_mass=wp.empty((n, nb), dtype=float, device=dev),
+                body_com=wp.empty((n, nb), dtype=wp.vec3, device=dev),
+                body_inertia=wp.empty((n, nb), dtype=wp.mat33, device=dev),
+                dof_armature=wp.empty((n, nv), dtype=float, device=dev),
+                dof_damping=wp.empty((n, nv), dtype=float, device=dev),
+                kp=wp.empty((n, nu), dtype=float, device=dev),
+                kd=wp.empty((n, nu), dtype=float, device=dev),
+                mu=wp.empty(n, dtype=float, device=dev),
+            )
         self.q = [empty((n, model.nq)) for _ in range(p.substeps + 1)]
         self.qd = [empty((n, nv)) for _ in range(p.substeps + 1)]
         self.targets = empty((n, nu))
@@ -178,7 +194,8 @@ class StepArrays:
     @property
     def nbytes(self) -> int:
         """Bytes held by the arrays and their gradients."""
-        return sum(a.capacity * (2 if a.requires_grad else 1) for a in self.all_arrays())
+        extra = sum(a.capacity for a in self.physics.values()) if self.physics else 0
+        return extra + sum(a.capacity * (2 if a.requires_grad else 1) for a in self.all_arrays())
 
     def all_arrays(self) -> list[wp.array]:
         """Every array of the step (states, inputs, per-substep scratch)."""
@@ -186,6 +203,10 @@ class StepArrays:
         for s in self.sub:
             out += list(s.values())
         return out
+
+    @property
+    def per_env_physics(self) -> bool:
+        return self.physics is not None
 
     def reset_for_reuse(self) -> None:
         """Re-zero the partially written scratch (and, with gradients, every gradient) so that the arrays can serve
@@ -198,22 +219,22 @@ class StepArrays:
                 a.grad.zero_()
 
 
-def allocate_step(model: SimModel, n: int, requires_grad: bool) -> StepArrays:
+def allocate_step(model: SimModel, n: int, requires_grad: bool, per_env_physics: bool = False) -> StepArrays:
     """Arrays for one step: with gradients, a set of its own (from the pool of released sets when possible);
     without, one cached set that every call reuses."""
     model_arrays(model)
+    key = (n, per_env_physics)
     if requires_grad:
-        pool = model.warp.grad_pool.get(n)
+        pool = model.warp.grad_pool.get(key)
         if pool:
             arrs = pool.pop()
             model.warp.pool_bytes -= arrs.nbytes
             arrs.reset_for_reuse()
             return arrs
-        return StepArrays(model, n, True)
-    key = (n,)
+        return StepArrays(model, n, True, per_env_physics)
     ws = model.warp.workspaces.get(key)
     if ws is None:
-        ws = StepArrays(model, n, False)
+        ws = StepArrays(model, n, False, per_env_physics)
         model.warp.workspaces[key] = ws
     else:
         ws.reset_for_reuse()
@@ -234,17 +255,19 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int) -> list[Launch]:
     p = model.params
     s = arrs.sub[k]
     q, qd = arrs.q[k], arrs.qd[k]
+    ph = arrs.physics or dict(body_mass=m.body_mass, body_com=m.body_com, body_inertia=m.body_inertia,
+                              dof_armature=m.dof_armature, dof_damping=m.dof_damping, kp=m.kp, kd=m.kd, mu=m.mu)
     return [
         Launch(K.fk_rnea,
-               [q, qd, m.body_parent, m.body_pos, m.body_quat, m.body_axis, m.body_mass, m.body_com,
-                m.body_inertia, m.gravity],
+               [q, qd, m.body_parent, m.body_pos, m.body_quat, m.body_axis, ph["body_mass"], ph["body_com"],
+                ph["body_inertia"], m.gravity],
                [s["X_w"], s["S"], s["v_b"], s["a_b"], s["IO_w"], s["h_w"], s["f_b"]]),
-        Launch(K.composite, [m.body_mass, m.body_subtree_end, s["IO_w"], s["h_w"], s["f_b"]],
+        Launch(K.composite, [ph["body_mass"], m.body_subtree_end, s["IO_w"], s["h_w"], s["f_b"]],
                [s["IC_O"], s["IC_h"], s["IC_m"], s["F_sub"]]),
         Launch(K.mass_tau,
-               [q, qd, arrs.targets, m.dof_body, m.dof_ancestors, m.dof_ancestor_count, m.dof_armature,
-                m.dof_damping, m.dof_actuator, m.kp, m.kd, m.torque_limit, p.dt, s["S"], s["IC_O"], s["IC_h"],
-                s["IC_m"], s["F_sub"]],
+               [q, qd, arrs.targets, m.dof_body, m.dof_ancestors, m.dof_ancestor_count, ph["dof_armature"],
+                ph["dof_damping"], m.dof_actuator, ph["kp"], ph["kd"], m.torque_limit, p.dt, s["S"], s["IC_O"],
+                s["IC_h"], s["IC_m"], s["F_sub"]],
                [s["H"], s["tau"]]),
         Launch(K.factor_free, [qd, s["H"], s["tau"], m.dof_ancestors, m.dof_ancestor_count, m.dof_subtree_end, p.dt],
                [s["L"], s["L_tmp"], s["y"], s["y_tmp"], s["x"], s["x_tmp"], s["v_free"]]),
@@ -253,7 +276,7 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int) -> list[Launch]:
                 m.body_last_dof, m.dof_ancestors, m.dof_ancestor_count, s["L"], s["v_free"], p.kappa, p.beta, p.dt],
                [s["J_foot"], s["foot_twist"], s["Y"], s["Y_tmp"], s["Lam"], s["G"], s["P"], s["A"], s["w"],
                 s["s_act"], s["depth"]]),
-        Launch(K.pgs, [s["A"], s["w"], s["s_act"], s["depth"], p.mu, p.iterations, k],
+        Launch(K.pgs, [s["A"], s["w"], s["s_act"], s["depth"], ph["mu"], p.iterations, k],
                [s["lam"], s["residual"], arrs.impulse, arrs.depth]),
         Launch(K.apply_integrate,
                [q, s["v_free"], s["Y"], s["G"], s["L"], s["lam"], m.sphere_foot, m.dof_ancestors,
@@ -267,7 +290,7 @@ def release_step(model: SimModel, arrs: StepArrays) -> None:
     cache = model.warp
     size = arrs.nbytes
     if cache.pool_bytes + size <= POOL_LIMIT_BYTES:
-        cache.grad_pool.setdefault(arrs.n, []).append(arrs)
+        cache.grad_pool.setdefault((arrs.n, arrs.per_env_physics), []).append(arrs)
         cache.pool_bytes += size
 
 

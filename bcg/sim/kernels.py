@@ -76,9 +76,9 @@ def fk_rnea(
     body_pos: wp.array(dtype=wp.vec3),
     body_quat: wp.array(dtype=wp.quat),
     body_axis: wp.array(dtype=wp.vec3),
-    body_mass: wp.array(dtype=float),
-    body_com: wp.array(dtype=wp.vec3),
-    body_inertia: wp.array(dtype=wp.mat33),
+    body_mass: wp.array2d(dtype=float),
+    body_com: wp.array2d(dtype=wp.vec3),
+    body_inertia: wp.array2d(dtype=wp.mat33),
     gravity: wp.vec3,
     # outputs
     X_w: wp.array2d(dtype=wp.transform),
@@ -89,8 +89,12 @@ def fk_rnea(
     h_w: wp.array2d(dtype=wp.vec3),
     f_b: wp.array2d(dtype=wp.spatial_vector),
 ):
-    """Forward kinematics, motion subspaces S [N, nv], twists, bias accelerations and RNEA body forces."""
+    """Forward kinematics, motion subspaces S [N, nv], twists, bias accelerations and RNEA body forces.
+
+    Physical parameters (mass, COM, inertia) are [P, nb] with P = 1 (shared) or N (one row per environment).
+    """
     e = wp.tid()
+    pe = e % body_mass.shape[0]
     nb = body_parent.shape[0]
     for i in range(nb):
         X = wp.transform_identity()
@@ -125,9 +129,9 @@ def fk_rnea(
         v_b[e, i] = v
         a_b[e, i] = a
         R = wp.quat_to_matrix(wp.transform_get_rotation(X))
-        c = wp.transform_point(X, body_com[i])
-        m = body_mass[i]
-        IO = R * body_inertia[i] * wp.transpose(R) + m * (
+        c = wp.transform_point(X, body_com[pe, i])
+        m = body_mass[pe, i]
+        IO = R * body_inertia[pe, i] * wp.transpose(R) + m * (
             wp.dot(c, c) * wp.identity(n=3, dtype=float) - wp.outer(c, c))
         h = m * c
         IO_w[e, i] = IO
@@ -137,7 +141,7 @@ def fk_rnea(
 
 @wp.kernel
 def composite(
-    body_mass: wp.array(dtype=float),
+    body_mass: wp.array2d(dtype=float),
     body_subtree_end: wp.array(dtype=int),
     IO_w: wp.array2d(dtype=wp.mat33),
     h_w: wp.array2d(dtype=wp.vec3),
@@ -150,7 +154,8 @@ def composite(
 ):
     """Subtree sums: composite inertias (CRBA) and accumulated RNEA forces (bodies in depth-first order)."""
     e = wp.tid()
-    nb = body_mass.shape[0]
+    pe = e % body_mass.shape[0]
+    nb = body_mass.shape[1]
     for i in range(nb):
         IO = wp.mat33()
         h = wp.vec3()
@@ -159,7 +164,7 @@ def composite(
         for j in range(i, body_subtree_end[i]):
             IO = IO + IO_w[e, j]
             h = h + h_w[e, j]
-            m = m + body_mass[j]
+            m = m + body_mass[pe, j]
             f = f + f_b[e, j]
         IC_O[e, i] = IO
         IC_h[e, i] = h
@@ -175,11 +180,11 @@ def mass_tau(
     dof_body: wp.array(dtype=int),
     dof_ancestors: wp.array2d(dtype=int),
     dof_ancestor_count: wp.array(dtype=int),
-    dof_armature: wp.array(dtype=float),
-    dof_damping: wp.array(dtype=float),
+    dof_armature: wp.array2d(dtype=float),
+    dof_damping: wp.array2d(dtype=float),
     dof_actuator: wp.array(dtype=int),
-    kp: wp.array(dtype=float),
-    kd: wp.array(dtype=float),
+    kp: wp.array2d(dtype=float),
+    kd: wp.array2d(dtype=float),
     torque_limit: wp.array(dtype=float),
     dt: float,
     S: wp.array2d(dtype=wp.spatial_vector),
@@ -193,28 +198,33 @@ def mass_tau(
 ):
     """Mass matrix H [N, nv, nv] (armature, implicit damping and PD on the diagonal) and the force tau [N, nv].
 
-    H must arrive zeroed: only the entries of ancestor pairs are written.
+    H must arrive zeroed: only the entries of ancestor pairs are written. Armature, damping and gains are [P, nv]
+    / [P, nu] with P = 1 (shared) or N (per environment).
     """
     e = wp.tid()
+    pe = e % dof_armature.shape[0]
+    pg = e % kp.shape[0]
     nv = dof_body.shape[0]
     for a in range(nv):
         i = dof_body[a]
         S_a = S[e, a]
         F = inertia_apply(IC_O[e, i], IC_h[e, i], IC_m[e, i], S_a)
-        h_diag = dof_armature[a] + dt * dof_damping[a]
-        u = -wp.dot(S_a, F_sub[e, i]) - dof_damping[a] * qd[e, a]
+        h_diag = dof_armature[pe, a] + dt * dof_damping[pe, a]
+        u = -wp.dot(S_a, F_sub[e, i]) - dof_damping[pe, a] * qd[e, a]
         act = dof_actuator[a]
         if act >= 0:
             # linearly implicit PD: tau(qd+) = kp (q* - q - dt qd+) - kd qd+, i.e. H += dt kd + dt^2 kp. A
             # saturated actuator delivers a constant torque, so it adds no implicit stiffness.
-            pd = kp[act] * (targets[e, act] - q[e, a + 1] - dt * qd[e, a]) - kd[act] * qd[e, a]
+            k_p = kp[pg, act]
+            k_d = kd[pg, act]
+            pd = k_p * (targets[e, act] - q[e, a + 1] - dt * qd[e, a]) - k_d * qd[e, a]
             lim = torque_limit[act]
             if pd > lim:
                 pd = lim
             elif pd < -lim:
                 pd = -lim
             else:
-                h_diag = h_diag + dt * (kd[act] + dt * kp[act])
+                h_diag = h_diag + dt * (k_d + dt * k_p)
             u = u + pd
         tau[e, a] = u
         H[e, a, a] = wp.dot(S_a, F) + h_diag
@@ -416,7 +426,7 @@ def pgs(
     w: wp.array2d(dtype=float),
     s_act: wp.array2d(dtype=float),
     depth: wp.array2d(dtype=float),
-    mu: float,
+    mu: wp.array(dtype=float),
     iterations: int,
     substep: int,
     # outputs
@@ -464,7 +474,7 @@ def pgs(
             det = a11 * a22 - a12 * a12
             t1 = s * (lam[e, it, i1] - (a22 * r1 - a12 * r2) / det)
             t2 = s * (lam[e, it, i2] - (a11 * r2 - a12 * r1) / det)
-            limit = mu * lam[e, it + 1, i]
+            limit = mu[e % mu.shape[0]] * lam[e, it + 1, i]
             norm2 = t1 * t1 + t2 * t2
             scale = float(1.0)
             if norm2 > limit * limit:

@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 
 from bcg.sim.model import SimModel
+from bcg.sim.physics import Physics
 
 __all__ = [
     "ContactReport",
@@ -122,9 +123,20 @@ def _constants(model: SimModel, like: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
-def _tree_pass(model: SimModel, q: torch.Tensor, qd: torch.Tensor | None) -> _Tree:
+def _body_params(model: SimModel, q: torch.Tensor, physics: Physics | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-environment mass [N, nb], COM [N, nb, 3] and inertia [N, nb, 3, 3], from ``physics`` or the model."""
+    if physics is not None:
+        return tuple(t.to(q) for t in (physics.body_mass, physics.body_com, physics.body_inertia))
+    c = _constants(model, q)
+    n = q.shape[0]
+    return (c["mass"].expand(n, -1), c["com"].expand(n, -1, -1), c["inertia"].expand(n, -1, -1, -1))
+
+
+def _tree_pass(model: SimModel, q: torch.Tensor, qd: torch.Tensor | None, physics: Physics | None = None) -> _Tree:
     """Forward kinematics, twists and RNEA body forces (with zero joint accelerations) for all bodies."""
     c = _constants(model, q)
+    mass_all, com_all, inertia_all = _body_params(model, q, physics)
     n = q.shape[0]
     eye = torch.eye(3, dtype=q.dtype, device=q.device)
     rot, pos, S, vel, acc, IO_l, h_l, f_l = [], [], [], [], [], [], [], []
@@ -150,11 +162,11 @@ def _tree_pass(model: SimModel, q: torch.Tensor, qd: torch.Tensor | None) -> _Tr
             S.append(torch.cat([a_w, _cross(p, a_w)], -1))
         rot.append(R)
         pos.append(p)
-        m = c["mass"][b].expand(n)
-        cw = p + (R @ c["com"][b])
-        IO = R @ c["inertia"][b] @ R.transpose(1, 2) + c["mass"][b] * (
+        m = mass_all[:, b]
+        cw = p + (R @ com_all[:, b, :, None])[:, :, 0]
+        IO = R @ inertia_all[:, b] @ R.transpose(1, 2) + m[:, None, None] * (
             (cw * cw).sum(-1)[:, None, None] * eye - cw[:, :, None] * cw[:, None, :])
-        h = c["mass"][b] * cw
+        h = m[:, None] * cw
         IO_l.append(IO)
         h_l.append(h)
         if qd is None:
@@ -185,14 +197,14 @@ def _subtree_sums(model: SimModel, items: list[torch.Tensor]) -> list[torch.Tens
     return [sum(items[j] for j in range(b, int(model.body_subtree_end[b]))) for b in range(model.nb)]
 
 
-def _mass_and_bias(model: SimModel, q: torch.Tensor, qd: torch.Tensor | None
+def _mass_and_bias(model: SimModel, q: torch.Tensor, qd: torch.Tensor | None, physics: Physics | None = None
                    ) -> tuple[torch.Tensor, torch.Tensor, _Tree]:
-    t = _tree_pass(model, q, qd)
+    t = _tree_pass(model, q, qd, physics)
     n, nv = q.shape[0], model.nv
     ICO = _subtree_sums(model, t.IO)
     ICh = _subtree_sums(model, t.h)
-    mass = torch.as_tensor(model.body_mass, dtype=q.dtype, device=q.device)
-    ICm = [mass[b: int(model.body_subtree_end[b])].sum().expand(n) for b in range(model.nb)]
+    mass = _body_params(model, q, physics)[0]
+    ICm = [mass[:, b: int(model.body_subtree_end[b])].sum(1) for b in range(model.nb)]
     rows = [[None] * nv for _ in range(nv)]
     zero = torch.zeros(n, dtype=q.dtype, device=q.device)
     for a in range(nv):
@@ -242,12 +254,13 @@ def _foot_jacobians(model: SimModel, t: _Tree, n: int, like: torch.Tensor) -> li
     return out
 
 
-def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor
-            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
+            physics: Physics | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One physics substep of length ``model.params.dt``.
 
     Args:
-        q: qpos [N, nq]; qd: qvel [N, nv]; targets: PD position targets [N, nu] (rad).
+        q: qpos [N, nq]; qd: qvel [N, nv]; targets: PD position targets [N, nu] (rad); physics: optional
+        per-environment parameters (:class:`bcg.sim.Physics`).
     Returns:
         (q_next [N, nq], qd_next [N, nv], normal impulse per sphere [N, nc] in N s, penetration [N, nc] in m).
     """
@@ -255,14 +268,19 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
     dt = p.dt
     n, nv, nc = q.shape[0], model.nv, model.nc
     kw = dict(dtype=q.dtype, device=q.device)
-    H, bias, t = _mass_and_bias(model, q, qd)
-    arm = torch.as_tensor(model.dof_armature, **kw)
-    damp = torch.as_tensor(model.dof_damping, **kw)
+    H, bias, t = _mass_and_bias(model, q, qd, physics)
+    if physics is None:
+        arm = torch.as_tensor(model.dof_armature, **kw).expand(n, nv)
+        damp = torch.as_tensor(model.dof_damping, **kw).expand(n, nv)
+        kp, kd = torch.as_tensor(model.kp, **kw), torch.as_tensor(model.kd, **kw)
+        mu = torch.full((n,), float(p.mu), **kw)
+    else:
+        arm, damp = physics.dof_armature.to(q), physics.dof_damping.to(q)
+        kp, kd, mu = physics.kp.to(q), physics.kd.to(q), physics.mu.to(q)
     diag = arm + dt * damp
     tau = -bias - damp * qd
     if model.nu:
         dofs = torch.as_tensor(model.actuator_dof, device=q.device)
-        kp, kd = torch.as_tensor(model.kp, **kw), torch.as_tensor(model.kd, **kw)
         lim = torch.as_tensor(model.torque_limit, **kw)
         qj = q[:, dofs + 1]
         vj = qd[:, dofs]
@@ -270,8 +288,8 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
         free = (u.abs() < lim).to(q.dtype)
         u = torch.maximum(torch.minimum(u, lim), -lim)
         tau = tau.index_add(1, dofs, u)
-        diag = diag.expand(n, nv).index_add(1, dofs, free * (dt * kd + dt * dt * kp))
-    H = H + torch.diag_embed(diag.expand(n, nv))
+        diag = diag.index_add(1, dofs, free * (dt * kd + dt * dt * kp))
+    H = H + torch.diag_embed(diag)
     L = torch.linalg.cholesky(H)
     x = torch.cholesky_solve(tau[:, :, None], L)[:, :, 0]
     vs = qd + dt * x
@@ -318,7 +336,7 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
                 det = a11 * a22 - a12 * a12
                 t1 = s * (lam[i + 1] - (a22 * r1 - a12 * r2) / det)
                 t2 = s * (lam[i + 2] - (a11 * r2 - a12 * r1) / det)
-                limit = p.mu * lam[i]
+                limit = mu * lam[i]
                 nrm2 = t1 * t1 + t2 * t2
                 outside = nrm2 > limit * limit
                 scale = torch.where(outside, limit / torch.sqrt(torch.where(outside, nrm2, torch.ones_like(nrm2))),
@@ -357,15 +375,15 @@ def integrate(q: torch.Tensor, qd: torch.Tensor, dt: float) -> torch.Tensor:
     return torch.cat([pos, quat, joints], -1)
 
 
-def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor
-         ) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
+def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
+         physics: Physics | None = None) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
     """One control step: ``model.params.substeps`` substeps with the PD targets [N, nu] held.
 
     Returns (q [N, nq], qd [N, nv], :class:`ContactReport`).
     """
     impulses, pen = [], None
     for _ in range(model.params.substeps):
-        q, qd, imp, pen = substep(model, q, qd, targets)
+        q, qd, imp, pen = substep(model, q, qd, targets, physics)
         impulses.append(imp)
     stacked = torch.stack(impulses, 0)
     report = ContactReport(stacked.sum(0), stacked.amax(0) / model.params.dt, pen)

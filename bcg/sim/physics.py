@@ -1,0 +1,94 @@
+"""Per-environment physical parameters: one row per environment overriding the model's shared values.
+
+Domain randomisation draws these (masses, centres of mass, inertias, armature, damping, PD gains, ground friction)
+independently for every environment; :func:`bcg.sim.step` takes them as its ``physics`` argument. The step is not
+differentiable with respect to them.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from bcg.sim.model import SimModel
+
+__all__ = ["Physics", "default_physics", "check_physics"]
+
+
+class Physics(NamedTuple):
+    """Per-environment parameters, float32 tensors on the model's device (N environments)."""
+
+    body_mass: torch.Tensor
+    """[N, nb] body masses [kg]."""
+    body_com: torch.Tensor
+    """[N, nb, 3] centres of mass in the body frames [m]."""
+    body_inertia: torch.Tensor
+    """[N, nb, 3, 3] rotational inertias about the COM, body frames [kg m^2]."""
+    dof_armature: torch.Tensor
+    """[N, nv] armature added to the mass-matrix diagonal."""
+    dof_damping: torch.Tensor
+    """[N, nv] viscous joint damping [N m s/rad]."""
+    kp: torch.Tensor
+    """[N, nu] PD position gains [N m/rad]."""
+    kd: torch.Tensor
+    """[N, nu] PD velocity gains [N m s/rad]."""
+    mu: torch.Tensor
+    """[N] ground friction coefficients."""
+
+    def index_put(self, env_ids: torch.Tensor, rows: Physics) -> Physics:
+        """A copy whose rows ``env_ids`` are replaced by ``rows`` (a Physics of len(env_ids) environments)."""
+        out = []
+        for cur, new in zip(self, rows):
+            t = cur.clone()
+            t[env_ids] = new.to(t)
+            out.append(t)
+        return Physics(*out)
+
+
+def default_physics(model: SimModel, n: int, device: str | torch.device | None = None) -> Physics:
+    """The model's own parameters repeated for ``n`` environments (float32)."""
+    dev = torch.device(device) if device is not None else torch.device(
+        "cuda:0" if model.device == "cuda" else model.device)
+
+    def rep(x) -> torch.Tensor:
+        t = torch.as_tensor(x, dtype=torch.float32, device=dev)
+        return t.unsqueeze(0).expand(n, *t.shape).contiguous()
+
+    return Physics(
+        body_mass=rep(model.body_mass),
+        body_com=rep(model.body_com),
+        body_inertia=rep(model.body_inertia),
+        dof_armature=rep(model.dof_armature),
+        dof_damping=rep(model.dof_damping),
+        kp=rep(model.kp),
+        kd=rep(model.kd),
+        mu=torch.full((n,), float(model.params.mu), dtype=torch.float32, device=dev),
+    )
+
+
+def check_physics(model: SimModel, physics: Physics, n: int, device: torch.device) -> None:
+    """Raise a ValueError/TypeError that names the field when ``physics`` does not fit ``model`` and ``n``."""
+    if not isinstance(physics, Physics):
+        raise TypeError(f"physics must be a bcg.sim.Physics, got {type(physics).__name__}")
+    shapes = {
+        "body_mass": (n, model.nb), "body_com": (n, model.nb, 3), "body_inertia": (n, model.nb, 3, 3),
+        "dof_armature": (n, model.nv), "dof_damping": (n, model.nv), "kp": (n, model.nu), "kd": (n, model.nu),
+        "mu": (n,),
+    }
+    for name, shape in shapes.items():
+        t = getattr(physics, name)
+        if not isinstance(t, torch.Tensor) or t.dtype != torch.float32:
+            raise TypeError(f"physics.{name} must be a float32 tensor")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"physics.{name} must have shape {list(shape)}, got {list(t.shape)}")
+        if t.device != device:
+            raise ValueError(f"physics.{name} is on {t.device} but the model is on {device}")
+        if not bool(torch.isfinite(t).all()):
+            raise ValueError(f"physics.{name} contains NaN or inf")
+        values = t.diagonal(dim1=-2, dim2=-1) if name == "body_inertia" else t
+        if name != "body_com" and bool((values < 0).any()):
+            what = "diagonal entries" if name == "body_inertia" else "values"
+            raise ValueError(f"physics.{name} must have non-negative {what}")
+    if bool((physics.body_mass[:, 0] <= 0).any()):
+        raise ValueError("physics.body_mass of the root must be positive")
