@@ -1,19 +1,13 @@
 """Domain randomisation of the G1 tracking environments (METHOD.md section 7.3).
 
-The simulator model (:class:`bcg.sim.SimModel`) is shared by all environments of a batch and its kernels read
-one parameter set per model, so randomisation comes in two kinds:
+Everything is drawn independently for every environment at each of its resets:
 
-* **per environment** (drawn independently for every environment at each of its resets): default joint position
-  offset, action latency (0 or 1 control step), pushes (detached velocity impulses every U(1, 3) s), reset noise on
-  the root position, root orientation and joint positions, observation noise;
-* **per batch** (one draw for the whole batch at every full reset, applied by building a new model from the base
-  model): ground friction, PD gain scale (kp and kd), link mass scale, base mass offset, link COM offset, joint
-  armature scale, joint damping scale (the engine has viscous joint damping only, no dry friction, so the "joint
-  friction" range scales ``dof_damping``).
-
-Per-environment versions of the per-batch quantities need per-environment parameter arrays in the Warp kernels
-(``[N, ...]`` copies of ``kp``, ``kd``, ``mu``, ``body_mass``, ``body_com``, ``body_inertia``, ``dof_armature``,
-``dof_damping`` indexed by the environment id); see ``docs/envs.md``.
+* physical parameters, passed to the simulator as per-environment :class:`bcg.sim.Physics` rows: ground
+  friction, PD gain scale (kp and kd), link mass scale, base mass offset, link COM offset, joint armature scale,
+  joint damping scale (the engine has viscous joint damping only, no dry friction, so the "joint friction" range
+  scales ``dof_damping``);
+* default joint position offset, action latency (0 or 1 control step), pushes (detached velocity impulses every
+  U(1, 3) s), reset noise on the root position, root orientation and joint positions, observation noise.
 """
 
 from __future__ import annotations
@@ -24,9 +18,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bcg.sim.model import SimModel
+from bcg.sim.physics import Physics
 
-__all__ = ["DomainRandomization", "randomize_model", "uniform"]
+__all__ = ["DomainRandomization", "sample_physics", "uniform"]
 
 Range = tuple[float, float]
 
@@ -38,22 +32,22 @@ class DomainRandomization:
     Use ``DomainRandomization.off()`` for no randomisation (the environments' default).
     """
 
-    # --- per batch (one draw per full reset) ---
+    # --- physical parameters (bcg.sim.Physics rows) ---
     friction: Range | None = (0.3, 1.2)
-    """Ground friction coefficient mu, U(lo, hi). Per batch."""
+    """Ground friction coefficient mu, U(lo, hi)."""
     gain_scale: Range | None = (0.8, 1.2)
-    """Scale of the PD gains kp and kd (one factor each), U(lo, hi). Per batch."""
+    """Scale of the PD gains kp and kd (one factor each per environment), U(lo, hi)."""
     link_mass_scale: Range | None = (0.8, 1.2)
-    """Scale of every link's mass and inertia (one factor per link), U(lo, hi). Per batch."""
+    """Scale of every link's mass and inertia (one factor per link), U(lo, hi)."""
     base_mass_offset: Range | None = (-3.0, 3.0)
-    """Mass added to the pelvis [kg], U(lo, hi) (inertia scaled along). Per batch."""
+    """Mass added to the pelvis [kg], U(lo, hi) (inertia scaled along)."""
     com_offset: Range | None = (-0.03, 0.03)
-    """Offset of every link's centre of mass per axis [m], U(lo, hi). Per batch."""
+    """Offset of every link's centre of mass per axis [m], U(lo, hi)."""
     armature_scale: Range | None = (0.75, 1.25)
-    """Scale of each hinge's armature, U(lo, hi). Per batch."""
+    """Scale of each hinge's armature, U(lo, hi)."""
     damping_scale: Range | None = (0.5, 1.5)
-    """Scale of each hinge's viscous damping, U(lo, hi) (METHOD's "joint friction"; no dry friction). Per batch."""
-    # --- per environment ---
+    """Scale of each hinge's viscous damping, U(lo, hi) (METHOD's "joint friction"; no dry friction)."""
+    # --- actions, pushes, resets, observations ---
     joint_offset: Range | None = (-0.01, 0.01)
     """Offset of the default joint position (the action's centre) [rad], U(lo, hi) per joint. Per environment."""
     latency_prob: float = 0.5
@@ -85,7 +79,8 @@ class DomainRandomization:
         )
 
     @property
-    def per_batch_active(self) -> bool:
+    def physics_active(self) -> bool:
+        """Whether any physical parameter is randomised (the environments then pass bcg.sim.Physics rows)."""
         return any(r is not None for r in (self.friction, self.gain_scale, self.link_mass_scale,
                                             self.base_mass_offset, self.com_offset, self.armature_scale,
                                             self.damping_scale))
@@ -109,47 +104,37 @@ def uniform(gen: torch.Generator, lo: torch.Tensor | float, hi: torch.Tensor | f
     return lo + (torch.as_tensor(hi) - torch.as_tensor(lo)).to(u) * u
 
 
-def randomize_model(base: SimModel, dr: DomainRandomization, rng: np.random.Generator) -> tuple[SimModel, dict]:
-    """A copy of ``base`` with the per-batch quantities of ``dr`` drawn from ``rng``; returns it and the draws."""
-    draws: dict = {}
-    model = base
+def sample_physics(base: Physics, dr: DomainRandomization, gen: torch.Generator) -> Physics:
+    """Independent draws of the physical quantities of ``dr`` for each row of ``base`` (the model's own values,
+    e.g. from :func:`bcg.sim.default_physics`); quantities switched off keep the base values."""
+    k, nb = base.body_mass.shape
+    nv = base.dof_armature.shape[1]
+    dev = base.body_mass.device
+    mass, inertia, com = base.body_mass.clone(), base.body_inertia.clone(), base.body_com.clone()
+    arm, damp, kp, kd, mu = base.dof_armature, base.dof_damping, base.kp, base.kd, base.mu
     if dr.friction is not None:
-        draws["friction"] = float(rng.uniform(*dr.friction))
-        model = model.with_params(mu=draws["friction"])
+        mu = uniform(gen, dr.friction[0], dr.friction[1], (k,), dev)
     if dr.gain_scale is not None:
-        s = rng.uniform(*dr.gain_scale, size=2)
-        draws["kp_scale"], draws["kd_scale"] = float(s[0]), float(s[1])
-        model = model.with_gains(kp=base.kp * s[0], kd=base.kd * s[1])
-    changes: dict = {}
-    mass = base.body_mass.copy()
-    inertia = base.body_inertia.copy()
+        kp = kp * uniform(gen, dr.gain_scale[0], dr.gain_scale[1], (k, 1), dev)
+        kd = kd * uniform(gen, dr.gain_scale[0], dr.gain_scale[1], (k, 1), dev)
     if dr.link_mass_scale is not None:
-        s = rng.uniform(*dr.link_mass_scale, size=base.nb)
-        draws["link_mass_scale"] = s
+        s = uniform(gen, dr.link_mass_scale[0], dr.link_mass_scale[1], (k, nb), dev)
         mass = mass * s
-        inertia = inertia * s[:, None, None]
+        inertia = inertia * s[:, :, None, None]
     if dr.base_mass_offset is not None:
-        dm = float(rng.uniform(*dr.base_mass_offset))
-        draws["base_mass_offset"] = dm
-        new = max(mass[0] + dm, 0.1 * mass[0])
-        inertia[0] = inertia[0] * (new / mass[0])
-        mass[0] = new
-    if dr.link_mass_scale is not None or dr.base_mass_offset is not None:
-        changes.update(body_mass=mass, body_inertia=inertia, total_mass=float(mass.sum()))
+        dm = uniform(gen, dr.base_mass_offset[0], dr.base_mass_offset[1], (k,), dev)
+        new = torch.maximum(mass[:, 0] + dm, 0.1 * mass[:, 0])
+        inertia[:, 0] = inertia[:, 0] * (new / mass[:, 0])[:, None, None]
+        mass[:, 0] = new
     if dr.com_offset is not None:
-        d = rng.uniform(*dr.com_offset, size=(base.nb, 3))
-        draws["com_offset"] = d
-        changes["body_com"] = base.body_com + d
+        com = com + uniform(gen, dr.com_offset[0], dr.com_offset[1], (k, nb, 3), dev)
+    hinge = torch.ones(k, nv, device=dev, dtype=torch.bool)
+    hinge[:, :6] = False
     if dr.armature_scale is not None:
-        s = rng.uniform(*dr.armature_scale, size=base.nv)
-        s[:6] = 1.0
-        draws["armature_scale"] = s[6:]
-        changes["dof_armature"] = base.dof_armature * s
+        s = uniform(gen, dr.armature_scale[0], dr.armature_scale[1], (k, nv), dev)
+        arm = torch.where(hinge, arm * s, arm)
     if dr.damping_scale is not None:
-        s = rng.uniform(*dr.damping_scale, size=base.nv)
-        s[:6] = 1.0
-        draws["damping_scale"] = s[6:]
-        changes["dof_damping"] = base.dof_damping * s
-    if changes:
-        model = dataclasses.replace(model, warp=None, **changes)
-    return model, draws
+        s = uniform(gen, dr.damping_scale[0], dr.damping_scale[1], (k, nv), dev)
+        damp = torch.where(hinge, damp * s, damp)
+    return Physics(body_mass=mass, body_com=com, body_inertia=inertia, dof_armature=arm, dof_damping=damp, kp=kp,
+                   kd=kd, mu=mu)

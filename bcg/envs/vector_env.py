@@ -36,8 +36,9 @@ from bcg.envs.observations import (
     robot_observation,
     tan_norm,
 )
-from bcg.envs.randomization import DomainRandomization, randomize_model, uniform
+from bcg.envs.randomization import DomainRandomization, sample_physics, uniform
 from bcg.envs.rewards import StepContext, TrackingReward
+from bcg.sim.physics import Physics, default_physics
 
 __all__ = ["G1TrackingVectorEnv", "OBS_NOISE"]
 
@@ -173,8 +174,7 @@ class G1TrackingVectorEnv(VectorEnv):
         self.state_limit = float(state_limit)
         self.ref_steps = int(ref_steps)
 
-        self.base_model = load_model(MJCF_PATH, device=str(device), **params)
-        self.model = self.base_model
+        self.model = load_model(MJCF_PATH, device=str(device), **params)
         self.control_dt = self.model.params.control_dt
         self.motion = self._load_motion(motion_file)
 
@@ -239,7 +239,9 @@ class G1TrackingVectorEnv(VectorEnv):
         self.latency = torch.zeros(n, dtype=torch.bool, device=dev)
         self.push_countdown = torch.full((n,), -1, dtype=torch.long, device=dev)
         self.nonfinite_count = 0
-        self.model_draws: dict = {}
+        self._default_physics = default_physics(self.model, n, dev)
+        self.physics: Physics | None = None
+        """Per-environment physical parameters (domain randomisation), or None for the model's own."""
         self._gen = torch.Generator(device=dev)
         self._np_rng = np.random.default_rng()
         self._gen.manual_seed(int(self._np_rng.integers(2**62)))
@@ -254,7 +256,7 @@ class G1TrackingVectorEnv(VectorEnv):
         if isinstance(source, Motion):
             motion = source.to(self.device)
         elif isinstance(source, (str, Path)):
-            motion = load_motion(source, control_dt=self.control_dt, device=str(self.device), model=self.base_model)
+            motion = load_motion(source, control_dt=self.control_dt, device=str(self.device), model=self.model)
         else:
             raise TypeError("motion_file must be a packaged clip name, a path or a Motion, got "
                             f"{type(source).__name__}")
@@ -347,6 +349,11 @@ class G1TrackingVectorEnv(VectorEnv):
                if dr.latency_prob > 0 else torch.zeros(k, dtype=torch.bool, device=dev))
         self.latency = self.latency.index_put((idx,), lat)
         self.push_countdown = self.push_countdown.index_put((idx,), self._push_steps(k))
+        if dr.physics_active:
+            if self.physics is None:
+                self.physics = self._default_physics
+            base = Physics(*(t[idx] for t in self._default_physics))
+            self.physics = self.physics.index_put(idx, sample_physics(base, dr, g))
         return q, qd
 
     def _push_steps(self, k: int) -> torch.Tensor:
@@ -381,8 +388,9 @@ class G1TrackingVectorEnv(VectorEnv):
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[torch.Tensor, dict]:
         """Reset all environments (or those of ``options["reset_mask"]``) at random reference phases.
 
-        A full reset also redraws the per-batch domain randomisation (a new ``self.model``). ``seed`` reseeds the
-        environment's torch and numpy generators; the same seed gives the same episodes on the same device.
+        Every reset environment draws new domain-randomisation values (its row of ``self.physics`` among them).
+        ``seed`` reseeds the environment's torch and numpy generators; the same seed gives the same episodes on the
+        same device.
         """
         super().reset(seed=seed)
         if seed is not None:
@@ -392,9 +400,6 @@ class G1TrackingVectorEnv(VectorEnv):
         n, dev = self.num_envs, self.device
         if mask is None:
             idx = torch.arange(n, device=dev)
-            if self.domain_randomization.per_batch_active:
-                self.model, self.model_draws = randomize_model(self.base_model, self.domain_randomization,
-                                                               self._np_rng)
         else:
             mask = torch.as_tensor(np.asarray(mask) if not isinstance(mask, torch.Tensor) else mask,
                                    dtype=torch.bool, device=dev)
@@ -478,7 +483,7 @@ class G1TrackingVectorEnv(VectorEnv):
             q_in, qd_in, t_in = (_GradMask.apply(x, holder) for x in (q0, qd0, targets))
         else:
             q_in, qd_in, t_in = q0, qd0, targets
-        q1, qd1, contact = sim_step(self.model, q_in, qd_in, t_in)
+        q1, qd1, contact = sim_step(self.model, q_in, qd_in, t_in, self.physics)
         with torch.no_grad():
             bad = ~(torch.isfinite(q1).all(1) & torch.isfinite(qd1).all(1))
             bad |= (q1.abs().amax(1) > self.state_limit) | (qd1.abs().amax(1) > self.state_limit)
