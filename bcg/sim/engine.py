@@ -249,15 +249,19 @@ class Launch(NamedTuple):
     outputs: list
 
 
-def substep_launches(model: SimModel, arrs: StepArrays, k: int) -> list[Launch]:
-    """The seven launches of substep ``k``: reads q[k], qd[k], targets; writes q[k + 1], qd[k + 1]."""
+def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool = False) -> list[Launch]:
+    """The seven launches of substep ``k``: reads q[k], qd[k], targets; writes q[k + 1], qd[k + 1].
+
+    ``terms_only``: just the first three, set up so that H is the mass matrix with armature and tau = -bias
+    (no damping, no actuation, dt = 0).
+    """
     m = model_arrays(model)
     p = model.params
     s = arrs.sub[k]
     q, qd = arrs.q[k], arrs.qd[k]
     ph = arrs.physics or dict(body_mass=m.body_mass, body_com=m.body_com, body_inertia=m.body_inertia,
                               dof_armature=m.dof_armature, dof_damping=m.dof_damping, kp=m.kp, kd=m.kd, mu=m.mu)
-    return [
+    launches = [
         Launch(K.fk_rnea,
                [q, qd, m.body_parent, m.body_pos, m.body_quat, m.body_axis, ph["body_mass"], ph["body_com"],
                 ph["body_inertia"], m.gravity],
@@ -266,8 +270,9 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int) -> list[Launch]:
                [s["IC_O"], s["IC_h"], s["IC_m"], s["F_sub"]]),
         Launch(K.mass_tau,
                [q, qd, arrs.targets, m.dof_body, m.dof_ancestors, m.dof_ancestor_count, ph["dof_armature"],
-                ph["dof_damping"], m.dof_actuator, ph["kp"], ph["kd"], m.torque_limit, p.dt, s["S"], s["IC_O"],
-                s["IC_h"], s["IC_m"], s["F_sub"]],
+                m.dof_zero if terms_only else ph["dof_damping"], m.dof_no_actuator if terms_only else m.dof_actuator,
+                ph["kp"], ph["kd"], m.torque_limit, 0.0 if terms_only else p.dt, s["S"], s["IC_O"], s["IC_h"],
+                s["IC_m"], s["F_sub"]],
                [s["H"], s["tau"]]),
         Launch(K.factor_free, [qd, s["H"], s["tau"], m.dof_ancestors, m.dof_ancestor_count, m.dof_subtree_end, p.dt],
                [s["L"], s["L_tmp"], s["y"], s["y_tmp"], s["x"], s["x_tmp"], s["v_free"]]),
@@ -283,6 +288,7 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int) -> list[Launch]:
                 m.dof_ancestor_count, p.iterations, p.dt],
                [s["foot_impulse"], s["z"], s["dv_tmp"], s["dv"], arrs.q[k + 1], arrs.qd[k + 1]]),
     ]
+    return launches[:3] if terms_only else launches
 
 
 def release_step(model: SimModel, arrs: StepArrays) -> None:
@@ -326,18 +332,6 @@ def run_control_step(model: SimModel, arrs: StepArrays) -> None:
 
 def run_dynamics_terms(model: SimModel, arrs: StepArrays) -> tuple[wp.array, wp.array]:
     """Mass matrix (armature included) and bias forces at (q[0], qd[0]) of ``arrs``: returns (H, -bias)."""
-    m = model_arrays(model)
-    s, n, dev = arrs.sub[0], arrs.n, model.device
-    q, qd = arrs.q[0], arrs.qd[0]
-    wp.launch(K.fk_rnea, dim=n, device=dev,
-              inputs=[q, qd, m.body_parent, m.body_pos, m.body_quat, m.body_axis, m.body_mass, m.body_com,
-                      m.body_inertia, m.gravity],
-              outputs=[s["X_w"], s["S"], s["v_b"], s["a_b"], s["IO_w"], s["h_w"], s["f_b"]])
-    wp.launch(K.composite, dim=n, device=dev, inputs=[m.body_mass, m.body_subtree_end, s["IO_w"], s["h_w"], s["f_b"]],
-              outputs=[s["IC_O"], s["IC_h"], s["IC_m"], s["F_sub"]])
-    wp.launch(K.mass_tau, dim=n, device=dev,
-              inputs=[q, qd, arrs.targets, m.dof_body, m.dof_ancestors, m.dof_ancestor_count, m.dof_armature,
-                      m.dof_zero, m.dof_no_actuator, m.kp, m.kd, m.torque_limit, 0.0, s["S"], s["IC_O"], s["IC_h"],
-                      s["IC_m"], s["F_sub"]],
-              outputs=[s["H"], s["tau"]])
-    return s["H"], s["tau"]
+    for launch in substep_launches(model, arrs, 0, terms_only=True):
+        wp.launch(launch.kernel, dim=arrs.n, inputs=launch.inputs, outputs=launch.outputs, device=model.device)
+    return arrs.sub[0]["H"], arrs.sub[0]["tau"]
