@@ -39,6 +39,7 @@ from bcg.envs.observations import (
 from bcg.envs.randomization import DomainRandomization, sample_physics, uniform
 from bcg.envs.rewards import StepContext, TrackingReward
 from bcg.sim.physics import Physics, default_physics
+from bcg.sim.reference import quat_mul_wxyz
 
 __all__ = ["G1TrackingVectorEnv", "OBS_NOISE"]
 
@@ -72,17 +73,6 @@ class _GradMask(torch.autograd.Function):
         if bad is not None and bool(bad.any()):
             g = torch.where(bad[:, None], torch.zeros_like(g), g)
         return g, None
-
-
-def _quat_mul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    aw, ax, ay, az = a.unbind(-1)
-    bw, bx, by, bz = b.unbind(-1)
-    return torch.stack([
-        aw * bw - ax * bx - ay * by - az * bz,
-        aw * bx + ax * bw + ay * bz - az * by,
-        aw * by - ax * bz + ay * bw + az * bx,
-        aw * bz + ax * by - ay * bx + az * bw,
-    ], -1)
 
 
 def _euler_quat(rpy: torch.Tensor) -> torch.Tensor:
@@ -334,7 +324,7 @@ class G1TrackingVectorEnv(VectorEnv):
             q[:, 0:3] += uniform(g, -h, h, (k, 3), dev)
         if dr.reset_root_rot is not None:
             h = torch.as_tensor(dr.reset_root_rot, dtype=torch.float32, device=dev)
-            q[:, 3:7] = _quat_mul(_euler_quat(uniform(g, -h, h, (k, 3), dev)), q[:, 3:7])
+            q[:, 3:7] = quat_mul_wxyz(_euler_quat(uniform(g, -h, h, (k, 3), dev)), q[:, 3:7])
         if dr.reset_joint_pos is not None:
             q[:, 7:] += uniform(g, -dr.reset_joint_pos, dr.reset_joint_pos, (k, self.model.nu), dev)
         q = self._lift_to_ground(q)

@@ -33,6 +33,7 @@ __all__ = [
     "bias_forces",
     "substep",
     "step",
+    "quat_mul_wxyz",
     "quat_to_matrix_wxyz",
 ]
 
@@ -65,6 +66,18 @@ def quat_to_matrix_wxyz(q: torch.Tensor) -> torch.Tensor:
         2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y),
     ]
     return torch.stack(rows, -1).reshape(q.shape[:-1] + (3, 3))
+
+
+def quat_mul_wxyz(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Hamilton product a (x) b of quaternions [..., 4] in w, x, y, z order."""
+    aw, ax, ay, az = a.unbind(-1)
+    bw, bx, by, bz = b.unbind(-1)
+    return torch.stack([
+        aw * bw - ax * bx - ay * by - az * bz,
+        aw * bx + ax * bw + ay * bz - az * by,
+        aw * by - ax * bz + ay * bw + az * bx,
+        aw * bz + ax * by - ay * bx + az * bw,
+    ], -1)
 
 
 def _axis_angle_matrix(axis: torch.Tensor, angle: torch.Tensor) -> torch.Tensor:
@@ -360,15 +373,8 @@ def integrate(q: torch.Tensor, qd: torch.Tensor, dt: float) -> torch.Tensor:
     pos = q[:, 0:3] + dt * qd[:, 0:3]
     quat = q[:, 3:7]
     w = qd[:, 3:6]
-    # q (x) (0, w): body-frame angular velocity multiplies on the right
-    qw, qx, qy, qz = quat.unbind(-1)
-    wx, wy, wz = w.unbind(-1)
-    dq = torch.stack([
-        -qx * wx - qy * wy - qz * wz,
-        qw * wx + qy * wz - qz * wy,
-        qw * wy - qx * wz + qz * wx,
-        qw * wz + qx * wy - qy * wx,
-    ], -1)
+    # body-frame angular velocity multiplies on the right: dq = q (x) (0, w)
+    dq = quat_mul_wxyz(quat, torch.cat([torch.zeros_like(w[:, :1]), w], -1))
     quat = quat + 0.5 * dt * dq
     quat = quat / torch.linalg.norm(quat, dim=-1, keepdim=True)
     joints = q[:, 7:] + dt * qd[:, 6:]
