@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from bcg.sim.model import ContactParams, SimModel, UnsupportedModelError, load_model, model_from_mujoco
+from bcg.sim.model import MAX_SPEED, ContactParams, SimModel, UnsupportedModelError, load_model, model_from_mujoco
 from bcg.sim.physics import Physics, default_physics
 from bcg.sim.reference import ContactReport
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ContactParams",
     "ContactReport",
+    "MAX_SPEED",
     "Physics",
     "SimModel",
     "UnsupportedModelError",

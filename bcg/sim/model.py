@@ -23,7 +23,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ContactParams", "SimModel", "load_model", "UnsupportedModelError"]
+__all__ = ["ContactParams", "MAX_SPEED", "SimModel", "load_model", "UnsupportedModelError"]
+
+MAX_SPEED = 200.0
+"""Largest |qvel| entry (m/s or rad/s) :func:`bcg.sim.step` accepts; faster states are outside the range where the
+explicit Coriolis terms of a 5 ms substep stay stable, and the step refuses them with a clear error."""
 
 
 class UnsupportedModelError(ValueError):
