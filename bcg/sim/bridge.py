@@ -14,18 +14,31 @@ import torch
 import warp as wp
 
 from bcg.sim.engine import StepArrays, allocate_step, release_step, run_control_step, run_dynamics_terms
-from bcg.sim.model import SimModel
+from bcg.sim.model import MAX_SPEED, SimModel
 from bcg.sim.physics import Physics, check_physics
 from bcg.sim.reference import ContactReport
 
-__all__ = ["step", "mass_matrix", "bias_forces", "ContactReport"]
+__all__ = ["MAX_ROOT_POSITION", "step", "mass_matrix", "bias_forces", "ContactReport"]
 
 
 def _torch_device(model: SimModel) -> torch.device:
     return torch.device("cuda:0" if model.device == "cuda" else model.device)
 
 
+MAX_ROOT_POSITION = 1e4
+"""Largest |root position| component [m] the functions of this module accept. float32 spaces numbers 1 mm apart at
+1e4 m, which is the distance a body moving at 0.2 m/s covers in one 5 ms substep: beyond it the position update of
+a slow motion rounds away. (The MuJoCo layout keeps the root position in the world frame, so nothing the kernels do
+internally can recover that resolution.)"""
+
+# qpos / qvel layout of the floating root (MuJoCo's): position, quaternion w, x, y, z; then the hinges
+_ROOT_POS = slice(0, 3)
+_ROOT_QUAT = slice(3, 7)
+
+
 def _check(model: SimModel, name: str, x: torch.Tensor, width: int, n: int | None) -> int:
+    """Type, dtype, shape and device of one [N, width] input; returns N. Values are checked by :func:`_check_values`
+    (one host synchronisation for all inputs)."""
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dtype != torch.float32:
@@ -36,10 +49,49 @@ def _check(model: SimModel, name: str, x: torch.Tensor, width: int, n: int | Non
         raise ValueError(f"{name} must have shape {want}, got {list(x.shape)}")
     if x.device != _torch_device(model):
         raise ValueError(f"{name} is on {x.device} but the model is on {model.device}")
-    if not bool(torch.isfinite(x).all()):
-        bad = (~torch.isfinite(x)).any(1).nonzero().flatten()[:8].tolist()
-        raise ValueError(f"{name} contains NaN or inf (environments {bad})")
     return x.shape[0]
+
+
+def _envs(mask: torch.Tensor) -> list[int]:
+    """The first (at most 8) environment indices where the [N] bool ``mask`` is set."""
+    return mask.nonzero().flatten()[:8].tolist()
+
+
+def _check_values(q: torch.Tensor, qd: torch.Tensor | None, targets: torch.Tensor | None, max_speed: bool) -> None:
+    """Raise a ValueError naming the input, the bound and the environments when a value is outside the range the
+    kernels handle: NaN / inf anywhere, a root quaternion of (near) zero norm, a root position component beyond
+    :data:`MAX_ROOT_POSITION`, and (``max_speed``) a qd entry beyond :data:`bcg.sim.MAX_SPEED`.
+
+    All inputs are [N, width] with N >= 1. The common case (everything valid) costs a single host synchronisation.
+    """
+    q = q.detach()
+    named = [("q", q)] + [(k, x.detach()) for k, x in (("qd", qd), ("targets", targets)) if x is not None]
+    finite = {k: torch.isfinite(x).all(1) for k, x in named}
+    quat_ok = q[:, _ROOT_QUAT].norm(dim=1) >= 1e-6
+    pos_ok = q[:, _ROOT_POS].abs().amax(1) <= MAX_ROOT_POSITION
+    ok = quat_ok & pos_ok
+    for f in finite.values():
+        ok = ok & f
+    speed = None
+    if max_speed and qd is not None:
+        speed = qd.detach().abs().amax(1)
+        ok = ok & (speed <= MAX_SPEED)
+    if bool(ok.all()):
+        return
+    for k, f in finite.items():
+        if not bool(f.all()):
+            raise ValueError(f"{k} contains NaN or inf (environments {_envs(~f)})")
+    if not bool(quat_ok.all()):
+        raise ValueError(f"q has a root quaternion of (near) zero norm (environments {_envs(~quat_ok)})")
+    if not bool(pos_ok.all()):
+        worst = float(q[:, _ROOT_POS].abs().max())
+        raise ValueError(f"q has a root position beyond bcg.sim.bridge.MAX_ROOT_POSITION = {MAX_ROOT_POSITION:g} m "
+                         f"(largest |x|, |y|, |z| = {worst:.6g} m, environments {_envs(~pos_ok)}): float32 has no "
+                         "resolution left for the motion there; shift the state towards the origin")
+    assert speed is not None
+    raise ValueError(f"qd has entries beyond bcg.sim.MAX_SPEED = {MAX_SPEED:g} (m/s or rad/s) (largest |qd| = "
+                     f"{float(speed.max()):.6g}, environments {_envs(speed > MAX_SPEED)}): at such speeds the "
+                     "explicitly integrated Coriolis and centrifugal forces of a substep diverge")
 
 
 @contextlib.contextmanager
@@ -123,21 +175,42 @@ def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tens
     Returns:
         ``(q_next [N, nq], qd_next [N, nv], ContactReport)``. Gradients flow to ``q``, ``qd`` and ``targets``
         from ``q_next``, ``qd_next`` and the contact impulses (``impulse``, ``peak_force``); ``penetration``
-        carries none.
+        carries none. ``N = 0`` gives empty tensors of these shapes (attached to the inputs' graph when they
+        require grad) without launching anything.
+    Raises:
+        TypeError / ValueError at the call for a wrong type, dtype, shape or device, NaN or inf in any input, a root
+        quaternion of (near) zero norm, a root position component beyond :data:`MAX_ROOT_POSITION` [m], or a ``qd``
+        entry beyond :data:`bcg.sim.MAX_SPEED` (m/s or rad/s). A state inside these bounds can still diverge
+        within the step (NaN in the outputs, which callers such as the vector env detect and reset): the bounds
+        refuse the states the step cannot handle, they do not certify the others.
     """
     n = _check(model, "q", q, model.nq, None)
     _check(model, "qd", qd, model.nv, n)
     _check(model, "targets", targets, model.nu, n)
-    if bool((q[:, 3:7].norm(dim=1) < 1e-6).any()):
-        raise ValueError("q has a root quaternion of (near) zero norm")
     if physics is not None:
         check_physics(model, physics, n, _torch_device(model))
+    if n == 0:
+        return _empty_step(model, q, qd, targets)
+    _check_values(q, qd, targets, max_speed=True)
     q_next, qd_next, impulses, depth = _WarpControlStep.apply(model, q, qd, targets, physics)
     report = ContactReport(
         impulse=impulses.sum(1),
         peak_force=impulses.amax(1) / model.params.dt,
         penetration=depth[:, -1],
     )
+    return q_next, qd_next, report
+
+
+def _empty_step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
+    """The result of a step over N = 0 environments, with no launch (Warp launches of dimension 0 return no
+    command to replay). The outputs stay attached to the inputs' graph, so a loss built on them backpropagates
+    (to empty gradients) exactly as it would for N >= 1."""
+    q_next = q.clone()
+    qd_next = qd.clone()
+    # [0, nc] views of the inputs: differentiable when any input is
+    zero = (q[:, :1] + qd[:, :1] + targets[:, :1]).mul(0.0).expand(-1, model.nc)
+    report = ContactReport(impulse=zero.clone(), peak_force=zero.clone(), penetration=zero.detach().clone())
     return q_next, qd_next, report
 
 
@@ -154,14 +227,30 @@ def _dynamics_terms(model: SimModel, q: torch.Tensor, qd: torch.Tensor) -> tuple
 def mass_matrix(model: SimModel, q: torch.Tensor) -> torch.Tensor:
     """Joint-space mass matrix [N, nv, nv] with armature (MuJoCo's ``mj_fullM``), from the Warp kernels.
 
+    Args:
+        q: qpos [N, nq] float32; the same checks as :func:`step` (finite, root quaternion of non-zero norm, root
+            position within :data:`MAX_ROOT_POSITION`). ``N = 0`` gives an empty [0, nv, nv] tensor.
     Not differentiable (use :func:`bcg.sim.reference.mass_matrix` for a differentiable float64 version).
     """
     n = _check(model, "q", q, model.nq, None)
+    if n == 0:
+        return q.new_zeros(0, model.nv, model.nv)
+    _check_values(q, None, None, max_speed=False)
     return _dynamics_terms(model, q, torch.zeros(n, model.nv, dtype=q.dtype, device=q.device))[0]
 
 
 def bias_forces(model: SimModel, q: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
-    """Coriolis, centrifugal and gravity forces [N, nv] (MuJoCo's ``qfrc_bias``), from the Warp kernels."""
+    """Coriolis, centrifugal and gravity forces [N, nv] (MuJoCo's ``qfrc_bias``), from the Warp kernels.
+
+    Args:
+        q: qpos [N, nq] float32, checked as in :func:`step`.
+        qd: qvel [N, nv] float32, finite. ``N = 0`` gives an empty [0, nv] tensor.
+    :data:`bcg.sim.MAX_SPEED` is not enforced here: it bounds the time integration of :func:`step`, whereas this
+    is a single evaluation of c(q, qd), accurate in float32 at any representable speed.
+    """
     n = _check(model, "q", q, model.nq, None)
     _check(model, "qd", qd, model.nv, n)
+    if n == 0:
+        return q.new_zeros(0, model.nv)
+    _check_values(q, qd, None, max_speed=False)
     return _dynamics_terms(model, q, qd)[1]
