@@ -5,6 +5,10 @@ Importing the package is cheap: it neither initialises Warp nor loads a model.
 
 __version__ = "0.1.0"
 
-from bcg.envs.registration import register_envs as _register_envs
+from bcg.envs.gl import prefer_headless_gl as _prefer_headless_gl
+
+_prefer_headless_gl()  # before any part of bcg imports mujoco, which reads MUJOCO_GL once
+
+from bcg.envs.registration import register_envs as _register_envs  # noqa: E402
 
 _register_envs()

@@ -21,7 +21,7 @@ __all__ = ["COMMANDS", "main", "MOTION_COMMANDS"]
 
 
 def _load(file: str, fps: float | None, fmt: str, clip: bool) -> Any:
-    from bcg.envs.motion import load_motion
+    from bcg.motion import load_motion
 
     return load_motion(file, fps=fps, format=fmt, clip_joint_limits=clip)  # type: ignore[arg-type]
 
@@ -31,7 +31,7 @@ class MotionsList:
     """List the packaged reference clips (name, frames, duration, pelvis travel, file)."""
 
     def run(self) -> int:
-        from bcg.envs.motion import PACKAGED_MOTIONS, load_motion, packaged_motion_path
+        from bcg.motion import PACKAGED_MOTIONS, load_motion, packaged_motion_path
 
         print(f"{'name':8s} {'frames':>6s} {'duration':>9s} {'travel':>8s}  file")
         for name in PACKAGED_MOTIONS:
@@ -48,9 +48,9 @@ class MotionsInspect:
     file: tyro.conf.Positional[str]
     """Path (.csv / .npz) or packaged clip name (run, jump, fight, dance)."""
     fps: float | None = None
-    """Frame rate of a CSV [Hz] (default 30 = LAFAN1-G1; use 60 for G1 Moves)."""
+    """Frame rate of a CSV [Hz] (default: what the file or its name says; 30 = LAFAN1-G1, 60 = G1 Moves)."""
     format: Literal["auto", "lafan1", "g1moves", "npz"] = "auto"
-    """File format (auto: by suffix, CSV = lafan1)."""
+    """File format (auto: by suffix; a CSV's rate from the file or its name)."""
     clip_joint_limits: bool = False
     """Clip out-of-range joint angles instead of failing."""
 
@@ -66,7 +66,9 @@ class MotionsInspect:
 
         for j, n in enumerate(JOINT_NAMES):
             print(f"{n:28s} {q[:, 7 + j].min():8.3f} {q[:, 7 + j].max():8.3f} {m.qvel[:, 6 + j].abs().max():9.2f}")
-        report = m.validate()
+        from bcg.evaluation.motion_report import validate_motion
+
+        report = validate_motion(m)
         print(report)
         return 0 if report.passed else 1
 
@@ -80,7 +82,7 @@ class MotionsPlot:
     out: str = ""
     """Output PNG (default: <name>.png in the current directory)."""
     fps: float | None = None
-    """Frame rate of a CSV [Hz] (default 30; 60 for G1 Moves)."""
+    """Frame rate of a CSV [Hz] (default: what the file or its name says; 30 = LAFAN1-G1, 60 = G1 Moves)."""
     format: Literal["auto", "lafan1", "g1moves", "npz"] = "auto"
     """File format."""
     render: bool = True
@@ -104,14 +106,15 @@ class MotionsValidateAll:
     """Add rendered frame strips (needs a GL backend; MUJOCO_GL=egl is tried by default)."""
 
     def run(self) -> int:
-        from bcg.envs.motion import PACKAGED_MOTIONS, load_motion
+        from bcg.evaluation.motion_report import validate_motion
+        from bcg.motion import PACKAGED_MOTIONS, load_motion
 
         out = Path(self.out_dir)
         out.mkdir(parents=True, exist_ok=True)
         ok = True
         for name in PACKAGED_MOTIONS:
             m = load_motion(name)
-            rep = m.validate()
+            rep = validate_motion(m)
             ok &= rep.passed
             (out / f"{name}.txt").write_text(str(rep) + "\n")
             plot_motion(m, out / f"{name}.png", render=self.render)

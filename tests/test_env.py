@@ -3,6 +3,7 @@ domain randomisation, single env and the Gymnasium / SB3 environment checkers.""
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from pathlib import Path
 
@@ -33,7 +34,7 @@ def test_registration_is_idempotent_and_complete() -> None:
     for env_id, clip in ENV_IDS.items():
         spec = gym.spec(env_id)
         assert spec.vector_entry_point == "bcg.envs.vector_env:G1TrackingVectorEnv"
-        assert spec.kwargs["motion_file"] == clip
+        assert spec.kwargs["default_motion"] == clip
 
 
 def test_make_vec_is_native_batched_env(motion_path: Path) -> None:
@@ -81,11 +82,9 @@ def test_autoreset_same_step_truncation_and_termination(motion_path: Path) -> No
     env = make_vec(motion_path, 3)
     env.reset(seed=1)
     last = env.num_frames - 1
-    env.frame[:] = torch.tensor([last - 1, 10, 20])
-    q, qd = env.get_state()
-    q = q.clone()
+    q = env.q.clone()
     q[2, 0] += 2.0  # env 2: 2 m away from its reference -> terminated after the step
-    env.set_state(q, qd)
+    env.load_state(dataclasses.replace(env.state, frame=torch.tensor([last - 1, 10, 20]), q=q))
     obs, rew, term, trunc, info = env.step(torch.zeros(3, 29))
     assert trunc.tolist() == [True, False, False]
     assert term.tolist() == [False, False, True]
@@ -112,7 +111,7 @@ def test_fall_terminates(motion_path: Path) -> None:
 def test_max_episode_steps_truncates(motion_path: Path) -> None:
     env = make_vec(motion_path, 2, max_episode_steps=3)
     env.reset(seed=0)
-    env.frame[:] = 0
+    env.load_state(dataclasses.replace(env.state, frame=torch.zeros(2, dtype=torch.long)))
     for _k in range(3):
         _, _, term, trunc, _ = env.step(torch.zeros(2, 29))
     assert trunc.all() and not term.any()
@@ -154,30 +153,58 @@ def test_differentiable_step_reaches_actions_and_state(motion_path: Path) -> Non
     assert not env.q.requires_grad
 
 
-def test_nan_guard_resets_and_blocks_gradient(motion_path: Path) -> None:
-    def run(inject: bool):
+def test_unstable_state_is_reset_before_the_simulator(motion_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A state beyond bcg.sim.MAX_SPEED (or NaN) never reaches the simulator: the env resets it first and counts it."""
+    import bcg.sim
+
+    env = make_vec(motion_path, 3)
+    env.reset(seed=3)
+    env.step(torch.zeros(3, 29))
+    q, qd = env.get_state()
+    qd = qd.clone()
+    qd[0, 10] = 1.01 * bcg.sim.MAX_SPEED  # too fast for the simulator
+    q = q.clone()
+    q[2, 5] = float("nan")
+    env.set_state(q, qd)
+    seen = []
+    real = bcg.sim.step
+    monkeypatch.setattr(bcg.sim, "step", lambda m, q, qd, *a: seen.append(float(qd.abs().max())) or real(m, q, qd, *a))
+    obs, rew, term, trunc, info = env.step(torch.zeros(3, 29))
+    assert seen and seen[0] < bcg.sim.MAX_SPEED
+    assert info["unstable_reset"].tolist() == [True, False, True] and info["num_unstable"] == 2
+    assert env.nonfinite_count == 2 and torch.isfinite(obs).all() and torch.isfinite(rew).all()
+    assert env.episode_steps.tolist() == [1, 2, 1]  # envs 0 and 2 began new episodes before this step
+
+
+def test_diverged_step_terminates_and_blocks_gradient(motion_path: Path) -> None:
+    """A step that diverges inside the physics (here: a transition function returning NaN for env 0) ends that
+    episode with reward 0 and no gradient; the other environment's values and gradients are untouched."""
+    from bcg.envs.transition import simulator_step
+
+    def nan_row0(model, q, qd, targets, physics=None, *, env_ids, state):
+        q1, qd1, contact = simulator_step(model, q, qd, targets, physics)
+        return q1, torch.where((env_ids == 0)[:, None], torch.full_like(qd1, float("nan")), qd1), contact
+
+    def run(fn):
         env = make_vec(motion_path, 2, differentiable=True)
+        if fn is not None:
+            env.transition_fn = fn
         env.reset(seed=3)
-        q, qd = env.get_state()
-        if inject:
-            qd = qd.clone()
-            qd[0, 10] = 1e6  # diverged state in env 0
-            env.set_state(q, qd)
         a = torch.full((2, 29), 0.1, requires_grad=True)
         obs, rew, term, trunc, info = env.step(a)
         rew.sum().backward()
         return obs, rew, term, info, a.grad, env
 
-    obs, rew, term, info, grad, env = run(True)
-    obs_ref, rew_ref, _, _, grad_ref, _ = run(False)
-    assert info["nonfinite"].tolist() == [True, False]
+    obs, rew, term, info, grad, env = run(nan_row0)
+    obs_ref, rew_ref, _, _, grad_ref, _ = run(None)
+    assert info["nonfinite"].tolist() == [True, False] and info["num_unstable"] == 1
     assert term[0] and rew[0] == 0 and env.nonfinite_count == 1
     assert torch.isfinite(obs).all() and torch.isfinite(grad).all()
-    assert torch.all(grad[0] == 0)
+    assert torch.all(grad[0] == 0) and grad[1].abs().sum() > 0
     torch.testing.assert_close(grad[1], grad_ref[1], rtol=0, atol=0)
     torch.testing.assert_close(rew[1], rew_ref[1], rtol=0, atol=0)
     torch.testing.assert_close(obs[1], obs_ref[1], rtol=0, atol=0)
-    assert env.q[0].abs().max() < 10 and env.episode_steps[0] == 0
+    assert env.q[0].abs().max() < 10 and env.episode_steps[0] == 0  # autoreset: a new episode
 
 
 def _tan_norm(R: np.ndarray) -> np.ndarray:
@@ -285,7 +312,11 @@ def test_reward_callable_and_features(motion_path: Path) -> None:
     env = make_vec(motion_path, 2, reward=reward)
     env.reset(seed=0)
     _, rew, *_ = env.step(torch.zeros(2, 29))
-    assert seen["shapes"] == ((2, 5, 3), (2, 30, 3, 3), (2, 29)) and (rew <= 0).all()
+    assert seen["shapes"] == ((2, 5, 3), (2, 30, 3, 3), (2, 29))
+    # the env returns what the callable computed, on the stepped state and the next reference frame
+    expected = -(env.q[:, 7:] - env.motion.qpos[env.frame, 7:]).pow(2).sum(1)
+    torch.testing.assert_close(rew, expected, rtol=1e-5, atol=1e-6)
+    assert (rew < 0).all()
     with pytest.raises(ValueError, match="reward"):
         make_vec(motion_path, 1, reward="nope")
 
@@ -329,7 +360,7 @@ def test_sb3_check_env(motion_path: Path) -> None:
 def test_check_env_every_id_with_packaged_clip(env_id: str) -> None:
     from gymnasium.utils.env_checker import check_env
 
-    from bcg.envs.motion import packaged_motion_path
+    from bcg.motion import packaged_motion_path
 
     if not packaged_motion_path(ENV_IDS[env_id]).is_file():
         pytest.skip(f"packaged clip {ENV_IDS[env_id]!r} not generated yet")

@@ -25,14 +25,14 @@ def synthetic_qpos(seconds: float = 1.0, dt: float = 0.02) -> np.ndarray:
 
 def write_synthetic_motion(path: Path, seconds: float = 1.0) -> Path:
     """Save the synthetic clip as a bcg motion ``.npz`` at 50 Hz and return its path."""
-    from bcg.envs.motion import Motion
+    from bcg.motion import Motion
 
     m = Motion.from_qpos(synthetic_qpos(seconds), 0.02, name="synthetic")
     return m.save(path)
 
 
 def test_synthetic_motion_roundtrip(tmp_path: Path) -> None:
-    from bcg.envs.motion import load_motion
+    from bcg.motion import load_motion
 
     path = write_synthetic_motion(tmp_path / "syn.npz", seconds=0.5)
     m = load_motion(path)

@@ -1,6 +1,9 @@
-"""Finite-difference check of d(reward)/d(action) through one differentiable environment step with foot contact."""
+"""Finite-difference check of d(reward)/d(action) through one differentiable environment step with foot contact,
+with every evaluation restarted from one snapshot of the environment state (env.state / env.load_state)."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -14,26 +17,22 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> G1TrackingVectorEnv:
     path = write_synthetic_motion(tmp_path_factory.mktemp("motion") / "syn.npz", seconds=1.0)
     e = G1TrackingVectorEnv(2, str(path), differentiable=True)
     e.reset(seed=2)
-    e.frame = torch.tensor([5, 20])  # well inside the 1 s clip
+    e.load_state(dataclasses.replace(e.state, frame=torch.tensor([5, 20])))  # well inside the 1 s clip
     with torch.no_grad():  # one step in: the feet are loaded and in contact
-        e.differentiable = False
         e.step(torch.zeros(2, 29))
-        e.differentiable = True
+    e.detach()
     return e
 
 
 def _reward(env: G1TrackingVectorEnv, snap, a: torch.Tensor):
-    env.set_state(snap["q"], snap["qd"])
-    env.frame, env.episode_steps = snap["frame"].clone(), snap["steps"].clone()
-    env.prev_actions, env._delayed_actions = snap["prev"].clone(), snap["prev"].clone()
+    env.load_state(snap)
     _, rew, term, trunc, info = env.step(a)
     assert not (term | trunc).any()
     return rew, info
 
 
 def test_fd_reward_wrt_action_with_contact(env: G1TrackingVectorEnv) -> None:
-    snap = {"q": env.q.detach().clone(), "qd": env.qd.detach().clone(), "frame": env.frame.clone(),
-            "steps": env.episode_steps.clone(), "prev": env.prev_actions.detach().clone()}
+    snap = env.state
     g = torch.Generator().manual_seed(0)
     a0 = torch.randn(2, 29, generator=g) * 0.2
     a = a0.clone().requires_grad_(True)
@@ -45,18 +44,14 @@ def test_fd_reward_wrt_action_with_contact(env: G1TrackingVectorEnv) -> None:
     # difference that straddles a switch is off; per direction, the best of three step sizes must agree.
     worst = 0.0
     with torch.no_grad():
-        env.differentiable = False
-        try:
-            for _trial in range(4):
-                v = torch.randn(2, 29, generator=g)
-                ad = (grad * v).sum(1)
-                errs = []
-                for eps in (2e-3, 1e-3, 5e-4):
-                    rp, _ = _reward(env, snap, a0 + eps * v)
-                    rm, _ = _reward(env, snap, a0 - eps * v)
-                    fd = (rp - rm) / (2 * eps)
-                    errs.append((fd - ad).abs() / ad.abs().clamp(min=1e-2))
-                worst = max(worst, torch.stack(errs).amin(0).max().item())
-        finally:
-            env.differentiable = True
+        for _trial in range(4):
+            v = torch.randn(2, 29, generator=g)
+            ad = (grad * v).sum(1)
+            errs = []
+            for eps in (2e-3, 1e-3, 5e-4):
+                rp, _ = _reward(env, snap, a0 + eps * v)
+                rm, _ = _reward(env, snap, a0 - eps * v)
+                fd = (rp - rm) / (2 * eps)
+                errs.append((fd - ad).abs() / ad.abs().clamp(min=1e-2))
+            worst = max(worst, torch.stack(errs).amin(0).max().item())
     assert worst < 0.03, f"FD vs autograd relative error {worst:.3g}"

@@ -1,4 +1,4 @@
-"""Tests of the motion library (bcg.envs.motion), the packaged clips and the ``bcg motions`` CLI."""
+"""Tests of the motion library (bcg.motion), the packaged clips and the ``bcg motions`` CLI."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from bcg.envs.motion import (
+from bcg.evaluation.motion_report import validate_motion
+from bcg.motion import (
     PACKAGED_MOTIONS,
     Motion,
     MotionFormatError,
@@ -109,7 +110,7 @@ def test_resample_at_own_rate_is_identity(tmp_path, model):
 
 def test_resample_30_to_50_matches_analytic(tmp_path, model):
     q = _synthetic(31)  # 1 s at 30 FPS: x linear, yaw linear, knee sinusoidal
-    m = load_motion(_write_csv(tmp_path / "b.csv", q), model=model)  # CSV default: 30 FPS
+    m = load_motion(_write_csv(tmp_path / "b.csv", q), fps=30, model=model)
     assert m.num_frames == 51 and m.dt == 0.02
     t = np.arange(51) * 0.02
     out = m._qpos64
@@ -193,16 +194,16 @@ def test_joint_limits_error_or_clip(tmp_path, model):
         load_motion(path, model=model)
     m = load_motion(path, fps=50, clip_joint_limits=True, model=model)
     assert abs(float(m.qpos[4, 10]) - 2.8798) < 1e-4
-    assert m.validate().joint_limit_violations == 0
+    assert validate_motion(m).joint_limit_violations == 0
 
 
 def test_too_short(tmp_path, model):
     q = _synthetic(10)
     path = _write_csv(tmp_path / "short.csv", q)
     with pytest.raises(MotionFormatError, match=r"short\.csv: the clip lasts 0\.3000 s .*shorter than"):
-        load_motion(path, min_duration=1.0, model=model)
+        load_motion(path, fps=30, min_duration=1.0, model=model)
     with pytest.raises(MotionFormatError, match="at least 2 frames"):
-        load_motion(_write_csv(tmp_path / "one.csv", q[:1]), model=model)
+        load_motion(_write_csv(tmp_path / "one.csv", q[:1]), fps=30, model=model)
 
 
 def test_bad_npz_layout(tmp_path, model):
@@ -223,7 +224,7 @@ def test_packaged_clips_pass_validation(name, model):
     assert path.is_file() and path.stat().st_size < 1_000_000
     m = load_motion(name, model=model)
     assert m.num_frames == 751 and abs(m.duration - 15.0) < 1e-9 and m.dt == 0.02
-    r = m.validate()
+    r = validate_motion(m)
     assert r.joint_limit_violations == 0, str(r)
     assert r.max_stance_slide < 0.02, str(r)
     assert r.max_penetration < 0.005, str(r)
@@ -294,3 +295,121 @@ def test_cli_help(capsys):
 
     assert main([]) == 0
     assert "motions" in capsys.readouterr().out
+
+
+# -- file problems a user hits -------------------------------------------------------------------------------
+
+
+def test_empty_truncated_and_binary_files_name_the_file(tmp_path, model):
+    (tmp_path / "empty.npz").write_bytes(b"")
+    with pytest.raises(MotionFormatError, match=r"empty\.npz: the file is empty"):
+        load_motion(tmp_path / "empty.npz", model=model)
+    good = load_motion("jump", model=model).save(tmp_path / "good.npz").read_bytes()
+    (tmp_path / "cut.npz").write_bytes(good[: len(good) // 2])
+    with pytest.raises(MotionFormatError, match=r"cut\.npz: .*(truncated|cannot be read)"):
+        load_motion(tmp_path / "cut.npz", model=model)
+    (tmp_path / "bin.csv").write_bytes(good)  # an NPZ (zip) passed as CSV
+    with pytest.raises(MotionFormatError, match=r"bin\.csv: not a (UTF-8 )?text CSV"):
+        load_motion(tmp_path / "bin.csv", model=model)
+    (tmp_path / "latin.csv").write_bytes(b"\xff\xfe1,2,3\n")
+    with pytest.raises(MotionFormatError, match=r"latin\.csv: not a UTF-8 text CSV"):
+        load_motion(tmp_path / "latin.csv", model=model)
+
+
+def test_unknown_name_lists_packaged_clips(model):
+    with pytest.raises(FileNotFoundError, match=r"'walk' is neither a packaged clip \(run, jump, fight, dance\)"):
+        load_motion("walk", model=model)
+
+
+def test_csv_rate_from_declaration_name_or_refusal(tmp_path, model):
+    q = _synthetic(31)
+    plain = _write_csv(tmp_path / "clip.csv", q)
+    with pytest.raises(MotionFormatError, match=r"clip\.csv: cannot tell the frame rate.*fps=30 / fps=60"):
+        load_motion(plain, model=model)
+    assert load_motion(plain, format="lafan1", model=model).num_frames == 51  # 1 s at 30 FPS -> 51 frames
+    assert load_motion(plain, format="g1moves", model=model).num_frames == 26  # 0.5 s at 60 FPS
+    lafan = _write_csv(tmp_path / "walk1_subject5.csv", q)
+    g1moves = _write_csv(tmp_path / "B_Wave.csv", q)
+    assert load_motion(lafan, model=model).num_frames == 51
+    assert load_motion(g1moves, model=model).num_frames == 26
+    declared = tmp_path / "declared.csv"
+    declared.write_text("# fps: 60\n" + plain.read_text())
+    assert load_motion(declared, model=model).num_frames == 26
+    header = tmp_path / "header.csv"
+    header.write_text(",".join(f"c{i}" for i in range(36)) + "\n" + plain.read_text())
+    assert load_motion(header, fps=30, model=model).num_frames == 51
+    # Motion.save writes the rate, so a saved CSV loads back alone
+    m = load_motion(plain, fps=30, model=model)
+    back = load_motion(m.save(tmp_path / "saved.csv"), model=model)
+    assert torch.equal(back.qpos, m.qpos)
+
+
+def test_real_g1_moves_csv_detected_at_60fps(model):
+    _need_g1_moves()
+    auto = load_motion(G1_MOVES / "B_HandsUp.csv", model=model)
+    assert torch.equal(auto.qpos, load_motion(G1_MOVES / "B_HandsUp.csv", fps=60, model=model).qpos)
+
+
+# -- rotations, kinematics and features -------------------------------------------------------------------------
+
+
+def test_matrix_to_quat_matches_scipy_and_round_trips():
+    from scipy.spatial.transform import Rotation
+
+    from bcg.motion.rotations import matrix_to_quat_wxyz, quat_to_matrix_wxyz
+
+    R = Rotation.random(500, random_state=0)
+    mats = np.concatenate([R.as_matrix(), np.eye(3)[None], np.diag([1.0, -1, -1])[None], np.diag([-1.0, 1, -1])[None]])
+    q = matrix_to_quat_wxyz(torch.as_tensor(mats)).numpy()
+    ref = Rotation.from_matrix(mats).as_quat()[:, [3, 0, 1, 2]]
+    ref *= np.where(ref[:, :1] < 0, -1.0, 1.0)
+    assert np.abs(np.abs((q * ref).sum(1)) - 1).max() < 1e-12  # same rotation
+    back = quat_to_matrix_wxyz(torch.as_tensor(q)).numpy()
+    assert np.abs(back - mats).max() < 1e-12 and (q[:, 0] >= 0).all()
+
+
+def test_fast_kinematics_matches_reference_oracle(model):
+    from bcg.motion.kinematics import KinematicsFn
+    from bcg.sim.reference import forward_kinematics
+
+    q = torch.as_tensor(load_motion("dance", model=model)._qpos64[::50])
+    q = q + torch.cat([torch.zeros(len(q), 7), 0.3 * torch.randn(len(q), 29, generator=torch.Generator().manual_seed(0),
+                                                                    dtype=torch.float64)], 1)
+    fast, ref = KinematicsFn(model, torch.float64)(q), forward_kinematics(model, q)
+    assert (fast.rot - ref.rot).abs().max() < 1e-12 and (fast.pos - ref.pos).abs().max() < 1e-12
+
+
+def test_disc_features_match_mujoco_recomputation(model, g1_mj):
+    """Every block of the 233-D ADD features against MuJoCo kinematics and scipy rotations (METHOD.md 6.3)."""
+    import mujoco
+    from scipy.spatial.transform import Rotation
+
+    from bcg.robots.g1 import KEY_BODIES
+
+    m = load_motion("fight", model=model)
+    frames = np.array([0, 123, 500])
+    phi = m.disc_features_at(torch.as_tensor(frames * m.dt)).double().numpy()
+    assert phi.shape == (3, 233)
+    d = mujoco.MjData(g1_mj)
+    axes = np.array([g1_mj.jnt_axis[g1_mj.body_jntadr[b]] for b in range(2, g1_mj.nbody)])
+    for row, f in zip(phi, frames, strict=True):
+        qpos, qvel = m._qpos64[f], m.qvel[f].double().numpy()
+        d.qpos[:] = qpos
+        mujoco.mj_kinematics(g1_mj, d)
+        R0 = d.xmat[1].reshape(3, 3)
+        jrot = Rotation.from_rotvec(axes * qpos[7:, None]).as_matrix()
+        keys = np.stack([d.xpos[g1_mj.body(k.body).id] + d.xmat[g1_mj.body(k.body).id].reshape(3, 3) @ k.offset
+                         for k in KEY_BODIES])
+        expected = np.concatenate([
+            qpos[:3], R0[:, 0], R0[:, 2], np.concatenate([jrot[:, :, 0], jrot[:, :, 2]], 1).ravel(),
+            (keys - qpos[:3]).ravel(), qvel[:3], R0 @ qvel[3:6], qvel[6:],
+        ])
+        assert np.abs(row - expected).max() < 2e-5, np.abs(row - expected).max()
+
+
+def test_features_at_frames_equal_the_table(model):
+    m = load_motion("jump", model=model)
+    frames = torch.tensor([0, 17, 400, 750])
+    f = m.features_at(frames.double() * m.dt)
+    for a, b in zip(f, m.features.rows(frames), strict=True):
+        assert torch.allclose(a, b, atol=2e-5)

@@ -1,8 +1,6 @@
-"""Gymnasium environments of the G1 tracking task, and the motion library they read references from.
+"""Gymnasium environments of the G1 tracking task (reference motions come from :mod:`bcg.motion`).
 
-Importing this package is cheap: every name below is resolved from its submodule on first access
-(:func:`load_motion` and :class:`Motion` from :mod:`bcg.envs.motion`; the environments from
-:mod:`bcg.envs.vector_env`, :mod:`bcg.envs.single_env` and :mod:`bcg.envs.sb3`).
+Importing this package is cheap: every name below is resolved from its submodule on first access.
 """
 
 from __future__ import annotations
@@ -11,8 +9,13 @@ import importlib
 from typing import Any
 
 _LAZY: dict[str, str] = {
-    "Motion": "bcg.envs.motion",
-    "load_motion": "bcg.envs.motion",
+    "EnvConfig": "bcg.envs.config",
+    "ObservationNoise": "bcg.envs.config",
+    "EnvState": "bcg.envs.state",
+    "TransitionFn": "bcg.envs.transition",
+    "simulator_step": "bcg.envs.transition",
+    "NumpyVectorEnv": "bcg.envs.numpy_env",
+    "make_numpy_vec": "bcg.envs.numpy_env",
     "G1TrackingVectorEnv": "bcg.envs.vector_env",
     "G1TrackingEnv": "bcg.envs.single_env",
     "SB3VecEnv": "bcg.envs.sb3",
@@ -20,7 +23,6 @@ _LAZY: dict[str, str] = {
     "DomainRandomization": "bcg.envs.randomization",
     "TrackingReward": "bcg.envs.rewards",
     "StepContext": "bcg.envs.rewards",
-    "Features": "bcg.envs.observations",
     "ENV_IDS": "bcg.envs.registration",
     "register_envs": "bcg.envs.registration",
 }

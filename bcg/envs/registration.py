@@ -13,7 +13,7 @@ ENV_IDS: dict[str, str] = {
     "BCG-G1-Fight-v0": "fight",
     "BCG-G1-Dance-v0": "dance",
 }
-"""Environment id -> packaged motion clip used by default (``motion_file`` overrides it)."""
+"""Environment id -> packaged motion clip used by default (``motion_file``, or ``config.motion_file``, overrides it)."""
 
 
 def register_envs() -> None:
@@ -27,5 +27,5 @@ def register_envs() -> None:
             id=env_id,
             entry_point="bcg.envs.single_env:G1TrackingEnv",
             vector_entry_point="bcg.envs.vector_env:G1TrackingVectorEnv",
-            kwargs={"motion_file": clip},
+            kwargs={"default_motion": clip},  # not motion_file: a config=EnvConfig(motion_file=...) must win
         )

@@ -1,16 +1,22 @@
-"""Offscreen rendering of the G1 and a translucent reference ghost with MuJoCo (RENDERING_AND_PPO_COST.md).
+"""Offscreen rendering of the G1 and a translucent reference ghost with MuJoCo.
 
 On a machine without a display, MuJoCo needs ``MUJOCO_GL=egl`` (Mesa's software EGL: Debian packages ``libegl1
 libegl-mesa0 libgl1-mesa-dri libopengl0``) or ``MUJOCO_GL=osmesa`` (``libosmesa6``), set **before** ``mujoco`` is
-imported. :func:`prefer_headless_gl` sets ``egl`` when nothing is chosen and no display exists.
+imported; ``import bcg`` does that (:func:`bcg.envs.gl.prefer_headless_gl`) unless the user chose a back end.
+
+When no OpenGL context can be made, :class:`GhostRenderer` raises :class:`RenderingUnavailableError`, and every
+later attempt in the same process raises it again *without* calling MuJoCo: a second context creation after a
+failed one aborts the whole process inside MuJoCo's GL loader (``__cxa_guard_acquire detected recursive
+initialization``), and the GL state that causes it is process-wide.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 
 import numpy as np
+
+from bcg.envs.gl import prefer_headless_gl
 
 __all__ = ["GhostRenderer", "RenderingUnavailableError", "prefer_headless_gl"]
 
@@ -21,18 +27,15 @@ class RenderingUnavailableError(RuntimeError):
     """No OpenGL backend could create an offscreen context."""
 
 
-def prefer_headless_gl() -> None:
-    """Choose ``MUJOCO_GL=egl`` if the user chose nothing, there is no display and mujoco is not imported yet."""
-    if "MUJOCO_GL" in os.environ or "mujoco" in sys.modules:
-        return
-    if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
-        os.environ["MUJOCO_GL"] = "egl"
-
-
 class GhostRenderer:
     """Renders a robot state and a reference state (ghost) from the scene MJCF, camera following the pelvis."""
 
+    _gl_failure: str | None = None
+    """Why the first offscreen context of this process failed (process-wide, see the module docstring)."""
+
     def __init__(self, width: int = 640, height: int = 480, fast: bool = True):
+        if GhostRenderer._gl_failure is not None:
+            raise RenderingUnavailableError(GhostRenderer._gl_failure)
         prefer_headless_gl()
         import mujoco
 
@@ -51,10 +54,12 @@ class GhostRenderer:
             self.renderer = mujoco.Renderer(self.model, height=height, width=width)
         except Exception as e:  # mujoco raises a variety of errors when no GL context can be made
             backend = os.environ.get("MUJOCO_GL", "<unset>")
-            raise RenderingUnavailableError(
+            GhostRenderer._gl_failure = (
                 f"MuJoCo could not create an offscreen OpenGL context (MUJOCO_GL={backend}): {e}. On a machine "
                 "without a display set MUJOCO_GL=egl (packages libegl1 libegl-mesa0 libgl1-mesa-dri libopengl0) or "
-                "MUJOCO_GL=osmesa (libosmesa6) before importing mujoco or bcg.") from e
+                "MUJOCO_GL=osmesa (libosmesa6) before importing mujoco (import bcg first, or set it yourself); "
+                "restart the process after fixing it")
+            raise RenderingUnavailableError(GhostRenderer._gl_failure) from e
         self.camera = mujoco.MjvCamera()
         self.camera.type = mujoco.mjtCamera.mjCAMERA_FREE
         self.camera.distance, self.camera.azimuth, self.camera.elevation = 3.0, 135.0, -15.0

@@ -12,6 +12,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
+from bcg.envs.config import EnvConfig
 from bcg.envs.vector_env import G1TrackingVectorEnv
 
 __all__ = ["G1TrackingEnv"]
@@ -20,21 +21,20 @@ __all__ = ["G1TrackingEnv"]
 class G1TrackingEnv(gym.Env):
     """One G1 tracking environment with numpy observations [obs_dim] float32 and ``Box(-1, 1, (29,))`` actions.
 
-    Keyword arguments are those of :class:`G1TrackingVectorEnv` except ``num_envs``, ``differentiable`` and
-    ``autoreset``. ``render_mode="rgb_array"`` renders the robot and its reference ghost offscreen.
+    Takes the options of :class:`~bcg.envs.config.EnvConfig` (as ``config=`` and / or keywords) except
+    ``differentiable`` and ``autoreset``. ``render_mode="rgb_array"`` renders the robot and its reference ghost
+    offscreen.
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 50}
 
-    def __init__(self, motion_file: Any = "run", render_mode: str | None = None, **kwargs: Any):
+    def __init__(self, motion_file: Any = None, render_mode: str | None = None, *, config: EnvConfig | None = None,
+                 default_motion: str = "run", **kwargs: Any):
         for k in ("num_envs", "differentiable", "autoreset"):
             if k in kwargs:
                 raise TypeError(f"G1TrackingEnv does not take {k!r} (use gym.make_vec for batched environments)")
-        if render_mode == "rgb_array":
-            from bcg.envs.rendering import prefer_headless_gl
-
-            prefer_headless_gl()
-        self.vec = G1TrackingVectorEnv(1, motion_file, render_mode=render_mode, autoreset=False, **kwargs)
+        self.vec = G1TrackingVectorEnv(1, motion_file, config=config, default_motion=default_motion,
+                                       render_mode=render_mode, autoreset=False, differentiable=False, **kwargs)
         self.render_mode = render_mode
         self.metadata = dict(self.metadata, render_fps=round(1.0 / self.vec.control_dt))
         self.observation_space = self.vec.single_observation_space
@@ -61,8 +61,8 @@ class G1TrackingEnv(gym.Env):
             raise ValueError(f"action must have shape {self.action_space.shape}, got {a.shape}")
         obs, rew, term, trunc, info = self.vec.step(torch.as_tensor(a[None], device=self.vec.device))
         info = self._info(info)
-        info.pop("final_obs", None)
-        info.pop("_final_obs", None)
+        for k in ("final_obs", "_final_obs", "final_critic_obs"):
+            info.pop(k, None)
         if bool(trunc[0]):
             info["TimeLimit.truncated"] = True
         return obs[0].cpu().numpy(), float(rew[0]), bool(term[0]), bool(trunc[0]), info

@@ -1,21 +1,35 @@
 """The natively batched, optionally differentiable G1 motion-tracking environment (torch tensors on ``device``).
 
-One :func:`bcg.sim.step` call advances all ``N`` environments. Observations, rewards, terminations and the info
-dict are torch tensors. With ``differentiable=True`` the state carries the autograd graph from step to step, so
-``obs`` and ``reward`` of a step are differentiable w.r.t. that step's ``actions`` and the state at its start (and,
-through it, earlier actions until :meth:`G1TrackingVectorEnv.detach` is called, e.g. at a SHAC window boundary).
-With ``differentiable=False`` every step runs under ``torch.no_grad()`` and keeps no graph.
+Shape of the environment (see ``docs/envs.md``):
+
+* **State.** Everything a step reads is one :class:`~bcg.envs.state.EnvState` of per-environment tensors:
+  ``env.state`` returns it, ``env.load_state(s)`` restores it. The environment never modifies a state's tensors in
+  place, so a snapshot stays valid, and a snapshot, a few steps and a restore reproduce the same numbers bit for bit
+  (observation noise, pushes and the draws of autoresets are functions of the state's per-row ``rng_key``).
+* **Pure transition.** :meth:`G1TrackingVectorEnv.transition` ``(state, actions) -> (next_state, reward,
+  terminated, truncated, contact)`` does one control step of any batch of rows (e.g. a state repeated into B
+  branches) with no hidden randomness and no side effect. :meth:`~G1TrackingVectorEnv.step` wraps it with the
+  instability guard, autoreset, observation noise and the info dict.
+* **Transition function.** The physics inside the transition goes through ``env.transition_fn``
+  (:class:`~bcg.envs.transition.TransitionFn`: :func:`bcg.sim.step`'s signature plus ``env_ids`` and ``state``),
+  by default :func:`bcg.sim.step`; gradient estimators replace it.
+
+With ``differentiable=True`` the state carries the autograd graph from step to step, so ``obs`` and ``reward`` of a
+step are differentiable w.r.t. that step's ``actions`` and the state at its start (and, through it, earlier actions
+until :meth:`G1TrackingVectorEnv.detach` is called, e.g. at a SHAC window boundary). With ``differentiable=False``
+every step runs under ``torch.no_grad()``.
 
 Autoreset is :data:`gymnasium.vector.AutoresetMode.SAME_STEP`: an environment that terminates or is truncated is
 reset inside the same ``step`` call; the returned observation is the first one of the new episode and
 ``info["final_obs"]`` holds the last observation of the finished one (rows of environments that did not finish
-equal ``obs``), with ``info["_final_obs"]`` the mask of finished environments.
+equal ``obs``), with ``info["_final_obs"]`` the mask of finished environments. ``obs`` and ``final_obs`` carry the
+same observation noise; their noise-free versions are ``info["critic_obs"]`` and ``info["final_critic_obs"]``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,34 +39,25 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from bcg.envs.observations import (
-    Features,
-    KeyPoints,
-    KinematicsFn,
-    features,
-    heading_inverse,
-    observation_layout,
-    reference_observation,
-    robot_observation,
-    tan_norm,
-)
-from bcg.envs.randomization import DomainRandomization, sample_physics, uniform
+from bcg.envs.actions import ActionMap, default_action_scale
+from bcg.envs.config import EnvConfig, check_count
+from bcg.envs.observations import observation_layout, reference_observation, robot_observation
+from bcg.envs.randomization import sample_physics, uniform
 from bcg.envs.rewards import StepContext, TrackingReward
+from bcg.envs.state import EnvState
+from bcg.envs.transition import TransitionFn, _hash32, hash_uniform, simulator_step
+from bcg.motion.features import FeatureFn, Features
+from bcg.motion.rotations import euler_to_quat_wxyz, heading_inverse, quat_mul_wxyz, tan_norm
 from bcg.sim.physics import Physics, default_physics
-from bcg.sim.reference import quat_mul_wxyz
+from bcg.sim.reference import ContactReport
 
-__all__ = ["G1TrackingVectorEnv", "OBS_NOISE"]
+__all__ = ["G1TrackingVectorEnv", "MAX_SEED"]
 
-OBS_NOISE: dict[str, float] = {
-    "root_rot_h": 0.05,
-    "root_lin_vel_h": 0.5,
-    "root_ang_vel_h": 0.2,
-    "body_rot_h": 0.01,
-    "joint_vel": 0.5,
-    "key_pos_h": 0.01,
-    "root_pos_h": 0.25,  # reference root position relative to the robot (each reference step)
-}
-"""Half-widths of the uniform observation noise per term (METHOD.md 7.1), used when domain randomisation asks."""
+MAX_SEED: int = 2**63 - 1
+"""Largest seed :meth:`G1TrackingVectorEnv.reset` accepts (seeds are integers in [0, MAX_SEED])."""
+
+# streams of the counter-based draws (bcg.envs.transition.hash_uniform)
+_STREAM_PUSH, _STREAM_NOISE = 1, 2
 
 
 class _GradMask(torch.autograd.Function):
@@ -75,43 +80,35 @@ class _GradMask(torch.autograd.Function):
         return g, None
 
 
-def _euler_quat(rpy: torch.Tensor) -> torch.Tensor:
-    """Quaternions (w, x, y, z) [N, 4] of roll, pitch, yaw [N, 3] (z-y-x intrinsic)."""
-    r, p, y = (rpy * 0.5).unbind(-1)
-    cr, sr, cp, sp, cy, sy = r.cos(), r.sin(), p.cos(), p.sin(), y.cos(), y.sin()
-    return torch.stack([
-        cr * cp * cy + sr * sp * sy,
-        sr * cp * cy - cr * sp * sy,
-        cr * sp * cy + sr * cp * sy,
-        cr * cp * sy - sr * sp * cy,
-    ], -1)
+def _max_speed() -> float:
+    import bcg.sim
+
+    return float(bcg.sim.MAX_SPEED)
+
+
+def _check_seed(seed: Any) -> int | None:
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"seed must be None or an integer in [0, {MAX_SEED}], got {seed!r} of type "
+                        f"{type(seed).__name__}")
+    if not 0 <= int(seed) <= MAX_SEED:
+        raise ValueError(f"seed must be an integer in [0, {MAX_SEED}] (2^63 - 1), got {int(seed)}")
+    return int(seed)
 
 
 class G1TrackingVectorEnv(VectorEnv):
     """Batched G1 motion tracking (``BCG-G1-{Run,Jump,Fight,Dance}-v0`` via ``gym.make_vec``).
 
     Args:
-        num_envs: number of environments N.
-        motion_file: a packaged clip name (``"run"``, ``"jump"``, ``"fight"``, ``"dance"``), any path the motion
-            library loads, or a :class:`bcg.envs.motion.Motion` already at the control period.
-        kappa: contact stiffness of the simulator [1/m] (default the simulator's, 300).
-        substeps: physics substeps per control step (default 4); the substep stays ``sim_dt``.
-        sim_dt: physics substep [s] (default 0.005); the control period is ``substeps * sim_dt``.
-        device: ``"cpu"`` or ``"cuda[:K]"``; all tensors live there.
-        differentiable: keep the autograd graph through the simulator (see the module docstring).
-        domain_randomization: ``False`` (default), ``True`` (METHOD.md 7.3 ranges) or a
-            :class:`~bcg.envs.randomization.DomainRandomization`.
-        reward: ``"tracking"`` (:class:`~bcg.envs.rewards.TrackingReward`) or a callable
-            ``reward(sim_features, ref_features, ctx) -> [N]``.
-        action_scale: s_a of q_des = q_default + s_a tanh(a), a scalar or [nu] [rad]; default half of each joint's
-            range in the MJCF.
-        max_episode_steps: optional extra time limit (the clip's end always truncates).
-        termination_height: a pelvis below this height [m] ends the episode (fall).
-        termination_distance: a key body farther than this from its reference [m] ends the episode.
-        ref_steps: number of future reference frames in the observation (3).
-        state_limit: a state entry beyond this magnitude counts as diverged (as a NaN).
-        autoreset: reset finished environments inside ``step`` (SAME_STEP); ``False`` is for the single env.
-        render_mode: ``None`` or ``"rgb_array"`` (renders environment 0 and its reference).
+        num_envs: number of environments N (a Python or numpy integer >= 1).
+        motion_file: shorthand for ``config.motion_file``.
+        config: an :class:`~bcg.envs.config.EnvConfig`; keywords beside it override its fields.
+        default_motion: the clip used when neither ``motion_file`` nor the config names one (the registered ids
+            pass their own).
+        transition_fn: the physics of one control step (default :func:`bcg.sim.step`); see
+            :class:`~bcg.envs.transition.TransitionFn`. Also settable later as ``env.transition_fn``.
+        **kwargs: any :class:`EnvConfig` field (``kappa``, ``device``, ``differentiable``, ...).
     """
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 50, "autoreset_mode": AutoresetMode.SAME_STEP}
@@ -119,97 +116,77 @@ class G1TrackingVectorEnv(VectorEnv):
     def __init__(
         self,
         num_envs: int = 1,
-        motion_file: Any = "run",
+        motion_file: Any = None,
         *,
-        kappa: float | None = None,
-        substeps: int | None = None,
-        sim_dt: float | None = None,
-        device: str = "cpu",
-        differentiable: bool = False,
-        domain_randomization: bool | DomainRandomization = False,
-        reward: str | Callable[..., torch.Tensor] = "tracking",
-        action_scale: float | np.ndarray | None = None,
-        max_episode_steps: int | None = None,
-        termination_height: float = 0.3,
-        termination_distance: float = 1.0,
-        ref_steps: int = 3,
-        state_limit: float = 1e4,
-        autoreset: bool = True,
-        render_mode: str | None = None,
+        config: EnvConfig | None = None,
+        default_motion: str = "run",
+        transition_fn: TransitionFn | None = None,
+        **kwargs: Any,
     ):
-        from bcg.robots.g1 import DEFAULT_JOINT_POS, KEY_BODIES, MJCF_PATH
+        from bcg.robots.g1 import DEFAULT_JOINT_POS, MJCF_PATH
         from bcg.sim import load_model
 
-        if not isinstance(num_envs, int) or num_envs < 1:
-            raise ValueError(f"num_envs must be an integer >= 1, got {num_envs!r}")
-        if render_mode not in (None, "rgb_array"):
-            raise ValueError(f"render_mode must be None or 'rgb_array', got {render_mode!r}")
-        if ref_steps < 1:
-            raise ValueError(f"ref_steps must be >= 1, got {ref_steps}")
+        num_envs = check_count("num_envs", num_envs)
+        if motion_file is not None:
+            kwargs["motion_file"] = motion_file
+        cfg = EnvConfig.from_kwargs(config, **kwargs)
+        if cfg.motion_file is None:
+            cfg = dataclasses.replace(cfg, motion_file=default_motion)
+        self.config = cfg
+        """The :class:`EnvConfig` this environment was made with."""
         params: dict[str, Any] = {}
-        if kappa is not None:
-            params["kappa"] = float(kappa)
-        if substeps is not None:
-            params["substeps"] = int(substeps)
-        if sim_dt is not None:
-            params["dt"] = float(sim_dt)
+        if cfg.kappa is not None:
+            params["kappa"] = float(cfg.kappa)
+        if cfg.substeps is not None:
+            params["substeps"] = int(cfg.substeps)
+        if cfg.sim_dt is not None:
+            params["dt"] = float(cfg.sim_dt)
         self.num_envs = num_envs
-        self.device = torch.device(device)
-        self.differentiable = bool(differentiable)
-        self.render_mode = render_mode
-        self.autoreset = bool(autoreset)
-        self.max_episode_steps = max_episode_steps
-        self.termination_height = float(termination_height)
-        self.termination_distance = float(termination_distance)
-        self.state_limit = float(state_limit)
-        self.ref_steps = int(ref_steps)
+        self.device = torch.device(cfg.device)
+        self.differentiable = bool(cfg.differentiable)
+        self.render_mode = cfg.render_mode
+        self.autoreset = bool(cfg.autoreset)
+        self.max_episode_steps = cfg.max_episode_steps
+        self.termination_height = float(cfg.termination_height)
+        self.termination_distance = float(cfg.termination_distance)
+        self.state_limit = float(cfg.state_limit)
+        self.ref_steps = int(cfg.ref_steps)
+        self.transition_fn: TransitionFn = transition_fn if transition_fn is not None else simulator_step
+        """The physics of one control step (replaceable; see :class:`~bcg.envs.transition.TransitionFn`)."""
 
-        self.model = load_model(MJCF_PATH, device=str(device), **params)
+        self.model = load_model(MJCF_PATH, device=str(cfg.device), **params)
         self.control_dt = self.model.params.control_dt
-        self.motion = self._load_motion(motion_file)
+        self.motion = self._load_motion(cfg.motion_file)
+        self.domain_randomization = cfg.randomization
+        self.reward_fn = TrackingReward() if cfg.reward == "tracking" else cfg.reward
 
-        if domain_randomization is True:
-            domain_randomization = DomainRandomization()
-        elif domain_randomization is False or domain_randomization is None:
-            domain_randomization = DomainRandomization.off()
-        if not isinstance(domain_randomization, DomainRandomization):
-            raise TypeError("domain_randomization must be a bool or a DomainRandomization, got "
-                            f"{type(domain_randomization).__name__}")
-        self.domain_randomization = domain_randomization
-        if reward == "tracking":
-            reward = TrackingReward()
-        if not callable(reward):
-            raise ValueError(f"reward must be 'tracking' or a callable reward(sim, ref, ctx), got {reward!r}")
-        self.reward_fn = reward
-
-        m = self.model
-        nu, dev = m.nu, self.device
+        m, nu, dev = self.model, self.model.nu, self.device
         f32 = dict(dtype=torch.float32, device=dev)
         self.default_joint_pos = torch.as_tensor(np.array(DEFAULT_JOINT_POS), **f32)
+        action_scale = cfg.action_scale
         if action_scale is None:
-            import mujoco
+            from bcg.motion.formats import joint_ranges
 
-            mj = mujoco.MjModel.from_xml_path(str(MJCF_PATH))
-            rng = mj.jnt_range[[mj.actuator_trnid[a, 0] for a in range(mj.nu)]]
-            action_scale = 0.5 * (rng[:, 1] - rng[:, 0])
+            action_scale = default_action_scale(np.asarray(DEFAULT_JOINT_POS, dtype=np.float64), joint_ranges())
         scale = np.broadcast_to(np.asarray(action_scale, dtype=np.float64), (nu,))
         if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
             raise ValueError(f"action_scale must be finite and > 0 (scalar or [{nu}]), got {action_scale!r}")
         self.action_scale = torch.as_tensor(scale.copy(), **f32)
+        self._actions = ActionMap(self.default_joint_pos, self.action_scale)
 
-        self._kin = KinematicsFn(m, torch.float32, dev)
-        key_body = [m.body_names.index(k.body) for k in KEY_BODIES]
-        self._keys = KeyPoints(torch.as_tensor(key_body, device=dev),
-                               torch.tensor([k.offset for k in KEY_BODIES], **f32))
+        self._features = FeatureFn(m, torch.float32, dev)
         self._sphere_body = torch.as_tensor(m.sphere_body, device=dev)
         self._sphere_pos = torch.as_tensor(m.sphere_pos, **f32)
         self._sphere_radius = torch.as_tensor(m.sphere_radius, **f32)
-        self._build_reference()
+        self._ref: Features = self.motion.features  # reference features at every frame (the same FeatureFn)
+        self._ref_rot6 = tan_norm(heading_inverse(self._ref.root_rot_w)[:, None] @ self._ref.body_rot_w)
+        self._ref_qpos = self.motion.qpos.to(dev, torch.float32)
+        self.num_frames = self.motion.num_frames
 
-        nb, nk, nj = m.nb, len(KEY_BODIES), m.nv - 6
-        self.observation_layout = observation_layout(nb, nk, nj, self.ref_steps)
+        self.observation_layout = observation_layout(m.nb, self._features.keys.body.numel(), m.nv - 6, self.ref_steps)
         self.obs_dim = sum(s for _, s in self.observation_layout)
-        self._obs_noise = self._noise_vector()
+        self._obs_noise = torch.cat([torch.full((size,), cfg.observation_noise.half_width(name), **f32)
+                                     for name, size in self.observation_layout])
 
         # finite bounds: states beyond state_limit count as diverged and are reset, so no entry exceeds this
         bound = np.float32(10.0 * self.state_limit)
@@ -218,37 +195,28 @@ class G1TrackingVectorEnv(VectorEnv):
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
 
-        n = num_envs
-        self.q = torch.zeros(n, m.nq, **f32)
-        self.qd = torch.zeros(n, m.nv, **f32)
-        self.frame = torch.zeros(n, dtype=torch.long, device=dev)
-        self.episode_steps = torch.zeros(n, dtype=torch.long, device=dev)
-        self.prev_actions = torch.zeros(n, nu, **f32)
-        self._delayed_actions = torch.zeros(n, nu, **f32)
-        self.joint_offset = torch.zeros(n, nu, **f32)
-        self.latency = torch.zeros(n, dtype=torch.bool, device=dev)
-        self.push_countdown = torch.full((n,), -1, dtype=torch.long, device=dev)
         self.nonfinite_count = 0
-        self._default_physics = default_physics(self.model, n, dev)
-        self.physics: Physics | None = None
-        """Per-environment physical parameters (domain randomisation), or None for the model's own."""
+        """Environments reset by the instability guard since construction (non-finite or too fast states)."""
+        self._default_physics = default_physics(self.model, num_envs, dev)
+        self._state = self._initial_state()
         self._gen = torch.Generator(device=dev)
-        self._np_rng = np.random.default_rng()
-        self._gen.manual_seed(int(self._np_rng.integers(2**62)))
+        self._gen.manual_seed(int(np.random.default_rng().integers(2**62)))
         self._needs_reset = True
         self._renderer = None
 
     # ------------------------------------------------------------------------------------------------ setup
 
     def _load_motion(self, source: Any):
-        from bcg.envs.motion import Motion, load_motion
+        from bcg.motion import Motion, load_motion
 
+        cfg = self.config
         if isinstance(source, Motion):
             motion = source.to(self.device)
         elif isinstance(source, (str, Path)):
-            motion = load_motion(source, control_dt=self.control_dt, device=str(self.device), model=self.model)
+            motion = load_motion(source, fps=cfg.motion_fps, format=cfg.motion_format, control_dt=self.control_dt,
+                                 device=str(self.device), model=self.model)
         else:
-            raise TypeError("motion_file must be a packaged clip name, a path or a Motion, got "
+            raise TypeError("motion_file must be a packaged clip name, a path or a bcg.motion.Motion, got "
                             f"{type(source).__name__}")
         if not math.isclose(motion.dt, self.control_dt, rel_tol=1e-6):
             raise ValueError(f"the motion's frame period {motion.dt} s differs from the control period "
@@ -257,101 +225,162 @@ class G1TrackingVectorEnv(VectorEnv):
             raise ValueError(f"the motion has {motion.num_frames} frames; at least 2 are needed")
         return motion
 
-    def _build_reference(self) -> None:
-        """Reference features at every motion frame, from the motion's qpos/qvel and our own kinematics."""
-        q = self.motion.qpos.to(self.device, torch.float32)
-        qd = self.motion.qvel.to(self.device, torch.float32)
-        with torch.no_grad():
-            kin64 = KinematicsFn(self.model, torch.float64, self.device)
-            f = features(kin64, KeyPoints(self._keys.body, self._keys.offset.double()), q.double(), qd.double())
-            Hi = heading_inverse(f.root_rot_w)
-            rot6 = tan_norm(Hi[:, None] @ f.body_rot_w)
-        self._ref = Features(*[x.float() for x in f])
-        self._ref_rot6 = rot6.float()  # [T, nb, 6], reference bodies in the reference heading frame
-        self.num_frames = int(q.shape[0])
-
-    def _noise_vector(self) -> torch.Tensor:
-        parts = []
-        for name, size in self.observation_layout:
-            base = name.split("_", 1)[1] if name.startswith("ref") else name
-            n = OBS_NOISE.get(base, 0.0) if (not name.startswith("ref") or base == "root_pos_h") else 0.0
-            parts.append(torch.full((size,), n, dtype=torch.float32, device=self.device))
-        return torch.cat(parts)
+    def _initial_state(self) -> EnvState:
+        n, m, dev = self.num_envs, self.model, self.device
+        f32 = dict(dtype=torch.float32, device=dev)
+        long = dict(dtype=torch.long, device=dev)
+        return EnvState(
+            q=self._ref_qpos[0].expand(n, m.nq).clone(), qd=torch.zeros(n, m.nv, **f32),
+            frame=torch.zeros(n, **long), episode_steps=torch.zeros(n, **long),
+            prev_actions=torch.zeros(n, m.nu, **f32), delayed_actions=torch.zeros(n, m.nu, **f32),
+            joint_offset=torch.zeros(n, m.nu, **f32), latency=torch.zeros(n, dtype=torch.bool, device=dev),
+            push_countdown=torch.full((n,), -1, **long), push_vel=torch.zeros(n, 6, **f32),
+            rng_key=torch.zeros(n, **long), env_id=torch.arange(n, **long),
+            physics=self._default_physics if self.domain_randomization.physics_active else None,
+        )
 
     # ------------------------------------------------------------------------------------------------ state
 
-    def ref_features(self, frame: torch.Tensor) -> Features:
-        """Reference :class:`Features` at integer motion frames ``frame`` [N] (clamped to the clip)."""
-        f = frame.clamp(0, self.num_frames - 1)
-        return Features(*[x[f] for x in self._ref])
+    @property
+    def state(self) -> EnvState:
+        """The current :class:`EnvState` (N rows). Never modified in place by the environment: keep it as a
+        snapshot and restore it with :meth:`load_state`."""
+        return self._state
 
-    def detach(self) -> None:
-        """Cut the autograd graph at the current state (the start of a new differentiable window)."""
-        self.q, self.qd = self.q.detach(), self.qd.detach()
-        self.prev_actions = self.prev_actions.detach()
-        self._delayed_actions = self._delayed_actions.detach()
+    def load_state(self, state: EnvState) -> None:
+        """Make ``state`` (N rows, e.g. a snapshot from :attr:`state`) the current state, exactly."""
+        if not isinstance(state, EnvState):
+            raise TypeError(f"load_state expects an EnvState, got {type(state).__name__}")
+        if state.num_envs != self.num_envs:
+            raise ValueError(f"load_state expects a state of {self.num_envs} rows (num_envs), got {state.num_envs}; "
+                             "a branched state is stepped with env.transition(state, actions)")
+        for f in dataclasses.fields(EnvState):
+            a, b = getattr(state, f.name), getattr(self._state, f.name)
+            if (a is None) != (b is None):
+                raise ValueError(f"load_state: field {f.name!r} is {'None' if a is None else 'set'}, this "
+                                 f"environment's is {'None' if b is None else 'set'}")
+            for x, y in (zip(a, b, strict=True) if isinstance(a, Physics) else [(a, b)] if a is not None else []):
+                if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
+                    raise ValueError(f"load_state: field {f.name!r} has shape {list(x.shape)} {x.dtype} on "
+                                     f"{x.device}, expected {list(y.shape)} {y.dtype} on {y.device}")
+        self._state = state
+        self._needs_reset = False
+
+    # read-only views of the state's fields (the state object is the one source)
+    q = property(lambda self: self._state.q, doc="[N, 36] qpos of the current state.")
+    qd = property(lambda self: self._state.qd, doc="[N, 35] qvel of the current state.")
+    frame = property(lambda self: self._state.frame, doc="[N] reference frame of the current state.")
+    episode_steps = property(lambda self: self._state.episode_steps, doc="[N] steps since each episode began.")
+    prev_actions = property(lambda self: self._state.prev_actions, doc="[N, nu] previous actions.")
+    joint_offset = property(lambda self: self._state.joint_offset, doc="[N, nu] default-pose offsets [rad].")
+    latency = property(lambda self: self._state.latency, doc="[N] bool: actions applied one step late.")
+    physics = property(lambda self: self._state.physics,
+                       doc="Per-environment physical parameters (domain randomisation), or None for the model's own.")
 
     def get_state(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Current ``(q [N, 36], qd [N, 35])`` (MuJoCo qpos / qvel layout)."""
-        return self.q, self.qd
+        return self._state.q, self._state.qd
 
     def set_state(self, q: torch.Tensor, qd: torch.Tensor) -> None:
         """Replace the simulator state (same shapes as :meth:`get_state`; may require grad)."""
         if q.shape != self.q.shape or qd.shape != self.qd.shape:
             raise ValueError(f"set_state expects q {list(self.q.shape)} and qd {list(self.qd.shape)}, got "
                              f"{list(q.shape)} and {list(qd.shape)}")
-        self.q, self.qd = q.to(self.q), qd.to(self.qd)
+        self._state = dataclasses.replace(self._state, q=q.to(self.q), qd=qd.to(self.qd))
+
+    def detach(self) -> None:
+        """Cut the autograd graph at the current state (the start of a new differentiable window)."""
+        self._state = self._state.detach()
+
+    def ref_features(self, frame: torch.Tensor) -> Features:
+        """Reference :class:`Features` at integer motion frames ``frame`` [N] (clamped to the clip)."""
+        return self._ref.rows(frame.clamp(0, self.num_frames - 1))
+
+    # ------------------------------------------------------------------------------------------------ actions
+
+    def action_to_target(self, actions: torch.Tensor, joint_offset: torch.Tensor | None = None) -> torch.Tensor:
+        """PD joint targets [N, 29] [rad] of actions [N, 29]: q_default + offset + s_a tanh(a) (differentiable).
+
+        ``joint_offset`` defaults to the current state's (domain randomisation; zeros when off)."""
+        offset = self._state.joint_offset if joint_offset is None else joint_offset
+        return self._actions.to_target(actions, offset)
+
+    def target_to_action(self, joint_targets: torch.Tensor, joint_offset: torch.Tensor | None = None) -> torch.Tensor:
+        """Actions [N, 29] whose PD targets are ``joint_targets`` [N, 29] [rad] (inverse of :meth:`action_to_target`;
+        every target inside the joint ranges maps to |a| < 1 with the default action scale)."""
+        offset = self._state.joint_offset if joint_offset is None else joint_offset
+        return self._actions.to_action(joint_targets, offset)
+
+    # ------------------------------------------------------------------------------------------------ resets
 
     def _lift_to_ground(self, q: torch.Tensor) -> torch.Tensor:
         """Raise root heights so that no foot sphere starts below z = 0."""
-        kin = self._kin(q)
+        kin = self._features.kin(q)
         R = kin.rot[:, self._sphere_body]
         c = kin.pos[:, self._sphere_body] + (R @ self._sphere_pos[None, :, :, None])[..., 0]
         low = (c[..., 2] - self._sphere_radius).amin(1)
-        q = q.clone()
-        q[:, 2] = q[:, 2] + torch.clamp(-low, min=0.0)
-        return q
+        return torch.cat([q[:, :2], q[:, 2:3] + torch.clamp(-low, min=0.0)[:, None], q[:, 3:]], 1)
 
-    def _reset_rows(self, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """New episode states for environments ``idx`` (detached); updates the per-environment bookkeeping."""
-        k, dev, dr, g = len(idx), self.device, self.domain_randomization, self._gen
+    def _push_draw(self, key: torch.Tensor, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(countdown [K] long >= 1, velocity change [K, 6]) of the next push, from the rows' keys and counters."""
+        dr, dev = self.domain_randomization, self.device
+        u = hash_uniform(key, counter, 7, _STREAM_PUSH)
+        if dr.push_interval is None:
+            return torch.full_like(key, -1), torch.zeros(len(key), 6, device=dev)
+        t = dr.push_interval[0] + (dr.push_interval[1] - dr.push_interval[0]) * u[:, 0]
+        half = torch.tensor(dr.push_lin_vel + dr.push_ang_vel, dtype=torch.float32, device=dev)
+        return torch.clamp((t / self.control_dt).round().long(), min=1), (2 * u[:, 1:] - 1) * half
+
+    def _reset_rows(self, s: EnvState, idx: torch.Tensor, keys: torch.Tensor) -> EnvState:
+        """``s`` with rows ``idx`` [K] starting new episodes drawn from the new per-row ``keys`` [K] (detached)."""
+        k, dev, dr = len(idx), self.device, self.domain_randomization
+        nu = self.model.nu
+        # one generator for the K rows, seeded from their keys and indices: the draws are a function of the state
+        mix = _hash32(keys ^ (idx * 0x9E3779B1))
+        g = torch.Generator(device=dev)
+        g.manual_seed(int((mix * (torch.arange(k, device=dev) + 1)).sum().item()) & MAX_SEED)
         frame = torch.randint(0, self.num_frames - 1, (k,), generator=g, device=dev)
         ref = self.ref_features(frame)
-        q = torch.cat([ref.root_pos_w, self.motion.qpos.to(dev, torch.float32)[frame, 3:7], ref.joint_pos], 1)
+        q = torch.cat([ref.root_pos_w, self._ref_qpos[frame, 3:7], ref.joint_pos], 1)
         qd = torch.cat([ref.root_lin_vel_w, ref.root_ang_vel_b, ref.joint_vel], 1)
         if dr.reset_root_pos is not None:
             h = torch.as_tensor(dr.reset_root_pos, dtype=torch.float32, device=dev)
-            q[:, 0:3] += uniform(g, -h, h, (k, 3), dev)
+            q = torch.cat([q[:, 0:3] + uniform(g, -h, h, (k, 3), dev), q[:, 3:]], 1)
         if dr.reset_root_rot is not None:
             h = torch.as_tensor(dr.reset_root_rot, dtype=torch.float32, device=dev)
-            q[:, 3:7] = quat_mul_wxyz(_euler_quat(uniform(g, -h, h, (k, 3), dev)), q[:, 3:7])
+            rot = quat_mul_wxyz(euler_to_quat_wxyz(uniform(g, -h, h, (k, 3), dev)), q[:, 3:7])
+            q = torch.cat([q[:, :3], rot, q[:, 7:]], 1)
         if dr.reset_joint_pos is not None:
-            q[:, 7:] += uniform(g, -dr.reset_joint_pos, dr.reset_joint_pos, (k, self.model.nu), dev)
+            q = torch.cat([q[:, :7], q[:, 7:] + uniform(g, -dr.reset_joint_pos, dr.reset_joint_pos, (k, nu), dev)], 1)
         q = self._lift_to_ground(q)
-        nu = self.model.nu
-        # out of place: these tensors may be saved for backward by the step that triggered the reset
-        self.frame = self.frame.index_put((idx,), frame)
-        self.episode_steps = self.episode_steps.index_fill(0, idx, 0)
         offset = (uniform(g, dr.joint_offset[0], dr.joint_offset[1], (k, nu), dev)
                   if dr.joint_offset is not None else torch.zeros(k, nu, device=dev))
-        self.joint_offset = self.joint_offset.index_put((idx,), offset)
         lat = (torch.rand(k, generator=g, device=dev) < dr.latency_prob
                if dr.latency_prob > 0 else torch.zeros(k, dtype=torch.bool, device=dev))
-        self.latency = self.latency.index_put((idx,), lat)
-        self.push_countdown = self.push_countdown.index_put((idx,), self._push_steps(k))
-        if dr.physics_active:
-            if self.physics is None:
-                self.physics = self._default_physics
-            base = Physics(*(t[idx] for t in self._default_physics))
-            self.physics = self.physics.index_put(idx, sample_physics(base, dr, g))
-        return q, qd
+        countdown, push_vel = self._push_draw(keys, torch.zeros_like(keys))
+        physics = None
+        if s.physics is not None:
+            base = Physics(*(t[s.env_id[idx]] for t in self._default_physics))
+            physics = sample_physics(base, dr, g) if dr.physics_active else base
+        # the previous action reproduces the reference pose, so a policy that tracks it pays no action-rate cost
+        prev = self._actions.to_action(ref.joint_pos, offset)
+        rows = EnvState(q=q, qd=qd, frame=frame, episode_steps=torch.zeros_like(frame), prev_actions=prev,
+                        delayed_actions=prev, joint_offset=offset, latency=lat, push_countdown=countdown,
+                        push_vel=push_vel, rng_key=keys, env_id=s.env_id[idx], physics=physics)
+        return s.scatter(idx, rows)
 
-    def _push_steps(self, k: int) -> torch.Tensor:
-        pi = self.domain_randomization.push_interval
-        if pi is None:
-            return torch.full((k,), -1, dtype=torch.long, device=self.device)
-        t = uniform(self._gen, pi[0], pi[1], (k,), self.device)
-        return torch.clamp((t / self.control_dt).round().long(), min=1)
+    @staticmethod
+    def _next_keys(keys: torch.Tensor) -> torch.Tensor:
+        """New keys [K] for rows starting a new episode (a deterministic function of the old ones)."""
+        return _hash32(keys + 0x5BD1E995) & 0x7FFFFFFF
+
+    def _unstable(self, s: EnvState) -> torch.Tensor:
+        """[N] bool: rows whose state is non-finite, |q| > state_limit or |qd| > bcg.sim.MAX_SPEED."""
+        with torch.no_grad():
+            q, qd = s.q.detach(), s.qd.detach()
+            ok = torch.isfinite(q).all(1) & torch.isfinite(qd).all(1)
+            ok &= (q.abs().amax(1) <= self.state_limit) & (qd.abs().amax(1) <= min(self.state_limit, _max_speed()))
+            return ~ok
 
     # ------------------------------------------------------------------------------------------------ observation
 
@@ -363,15 +392,94 @@ class G1TrackingVectorEnv(VectorEnv):
                                         self._ref_rot6[fut], ref.key_pos_w[fut])
         return torch.cat([obs_r, obs_ref], -1)
 
-    def _noisy(self, obs: torch.Tensor) -> torch.Tensor:
-        if not self.domain_randomization.observation_noise:
-            return obs
-        u = torch.rand(obs.shape, generator=self._gen, device=self.device) * 2 - 1
-        return obs + (u * self._obs_noise).detach()
+    @property
+    def _noise_on(self) -> bool:
+        return bool(self.domain_randomization.observation_noise)
 
-    def observe(self) -> torch.Tensor:
-        """Noise-free observation [N, obs_dim] of the current state."""
-        return self._observe(features(self._kin, self._keys, self.q, self.qd), self.frame)
+    def _noise(self, s: EnvState) -> torch.Tensor:
+        """Observation noise [N, obs_dim] of state ``s`` (a function of its keys and episode steps; detached)."""
+        u = hash_uniform(s.rng_key, s.episode_steps, self.obs_dim, _STREAM_NOISE)
+        return (2 * u - 1) * self._obs_noise
+
+    def observe(self, state: EnvState | None = None) -> torch.Tensor:
+        """Noise-free observation [N, obs_dim] of ``state`` (default: the current state)."""
+        s = self._state if state is None else state
+        return self._observe(self._features(s.q, s.qd), s.frame)
+
+    # ------------------------------------------------------------------------------------------------ transition
+
+    def transition(self, state: EnvState, actions: torch.Tensor
+                   ) -> tuple[EnvState, torch.Tensor, torch.Tensor, torch.Tensor, ContactReport]:
+        """One control step of any batch of rows: ``(next_state, reward [M], terminated [M], truncated [M], contact)``.
+
+        Pure: no reset, no observation noise, no change to the environment; randomness (pushes) comes from the
+        state's keys. Autograd follows torch's grad mode (this method does not switch it). A row whose state is
+        unstable (non-finite, |q| > state_limit, |qd| > MAX_SPEED) before or after the physics is not passed on:
+        it ends terminated with reward 0, its gradient is blocked, and its next state is its reference pose at rest.
+        """
+        nxt, reward, terminated, truncated, contact, _, _, _ = self._transition(state, actions)
+        return nxt, reward, terminated, truncated, contact
+
+    def _transition(self, s: EnvState, actions: torch.Tensor):
+        n, nv, dr = s.num_envs, self.model.nv, self.domain_randomization
+        if tuple(actions.shape) != (n, self.model.nu):
+            raise ValueError(f"actions must have shape {[n, self.model.nu]} (one row per state row), got "
+                             f"{list(actions.shape)}")
+        # action latency: an environment with latency applies the previous step's action
+        applied = torch.where(s.latency[:, None], s.delayed_actions, actions)
+        targets = self._actions.to_target(applied, s.joint_offset)
+
+        q0, qd0 = s.q, s.qd
+        countdown, push_vel = s.push_countdown, s.push_vel
+        if dr.push_interval is not None:
+            push = countdown == 0
+            dv = torch.where(push[:, None], push_vel, torch.zeros_like(push_vel))
+            qd0 = qd0 + torch.cat([dv, torch.zeros(n, nv - 6, device=dv.device)], 1).detach()
+            new_count, new_vel = self._push_draw(s.rng_key, s.episode_steps + 1)
+            countdown = torch.where(push, new_count, countdown) - 1
+            push_vel = torch.where(push[:, None], new_vel, push_vel)
+
+        # rows with an unusable state never reach the simulator (it refuses |qd| > MAX_SPEED)
+        bad_in = self._unstable(dataclasses.replace(s, qd=qd0))
+        safe_q = self._ref_qpos[s.frame.clamp(0, self.num_frames - 1)]
+        any_bad_in = bool(bad_in.any())
+        if any_bad_in:
+            q0 = torch.where(bad_in[:, None], safe_q, q0.detach())
+            qd0 = torch.where(bad_in[:, None], torch.zeros_like(qd0), qd0)
+        holder: dict = {}
+        if torch.is_grad_enabled():
+            q_in, qd_in, t_in = (_GradMask.apply(x, holder) for x in (q0, qd0, targets))
+        else:
+            q_in, qd_in, t_in = q0, qd0, targets
+        q1, qd1, contact = self.transition_fn(self.model, q_in, qd_in, t_in, s.physics, env_ids=s.env_id, state=s)
+        bad = bad_in | self._unstable(dataclasses.replace(s, q=q1, qd=qd1))
+        holder["bad"] = bad
+        any_bad = bool(bad.any())
+        if any_bad:
+            q1 = torch.where(bad[:, None], safe_q, q1)
+            qd1 = torch.where(bad[:, None], torch.zeros_like(qd1), qd1)
+
+        frame = s.frame + 1
+        steps = s.episode_steps + 1
+        sim = self._features(q1, qd1)
+        ref = self.ref_features(frame)
+        reward = self.reward_fn(sim, ref, StepContext(actions, s.prev_actions, contact))
+        if reward.shape != (n,):
+            raise ValueError(f"the reward function returned shape {list(reward.shape)}, expected [{n}]")
+        if any_bad:
+            reward = torch.where(bad, torch.zeros_like(reward), reward)
+
+        with torch.no_grad():
+            fell = sim.root_pos_w[:, 2] < self.termination_height
+            far = (sim.key_pos_w - ref.key_pos_w).norm(dim=-1).amax(1) > self.termination_distance
+            terminated = fell | far | bad
+            truncated = frame >= self.num_frames - 1
+            if self.max_episode_steps is not None:
+                truncated |= steps >= self.max_episode_steps
+            truncated &= ~terminated
+        nxt = dataclasses.replace(s, q=q1, qd=qd1, frame=frame, episode_steps=steps, prev_actions=actions,
+                                  delayed_actions=actions, push_countdown=countdown, push_vel=push_vel)
+        return nxt, reward, terminated, truncated, contact, sim, bad, fell
 
     # ------------------------------------------------------------------------------------------------ API
 
@@ -379,13 +487,13 @@ class G1TrackingVectorEnv(VectorEnv):
         """Reset all environments (or those of ``options["reset_mask"]``) at random reference phases.
 
         Every reset environment draws new domain-randomisation values (its row of ``self.physics`` among them).
-        ``seed`` reseeds the environment's torch and numpy generators; the same seed gives the same episodes on the
+        ``seed`` (an integer in [0, 2^63 - 1]) reseeds the environment; the same seed gives the same episodes on the
         same device.
         """
+        seed = _check_seed(seed)
         super().reset(seed=seed)
         if seed is not None:
-            self._gen.manual_seed(int(seed))
-            self._np_rng = np.random.default_rng(int(seed))
+            self._gen.manual_seed(seed)
         mask = None if options is None else options.get("reset_mask")
         n, dev = self.num_envs, self.device
         if mask is None:
@@ -396,20 +504,16 @@ class G1TrackingVectorEnv(VectorEnv):
             if mask.shape != (n,):
                 raise ValueError(f"options['reset_mask'] must have shape ({n},), got {tuple(mask.shape)}")
             idx = mask.nonzero().flatten()
-        q, qd = self._reset_rows(idx)
+        keys = torch.randint(0, 2**31 - 1, (len(idx),), generator=self._gen, device=dev)
         with torch.no_grad():
-            self.q = self.q.detach().index_put((idx,), q)
-            self.qd = self.qd.detach().index_put((idx,), qd)
-            self.prev_actions = self.prev_actions.detach().index_fill(0, idx, 0.0)
-            self._delayed_actions = self._delayed_actions.detach().index_fill(0, idx, 0.0)
-        self._needs_reset = False
-        with torch.no_grad():
+            self._state = self._reset_rows(self._state.detach(), idx, keys)
             obs = self.observe()
-        info: dict[str, Any] = {"frame": self.frame.clone()}
-        noisy = self._noisy(obs)
-        if noisy is not obs:
+        self._needs_reset = False
+        info: dict[str, Any] = {"frame": self._state.frame.clone()}
+        if self._noise_on:
             info["critic_obs"] = obs
-        return noisy, info
+            obs = obs + self._noise(self._state)
+        return obs, info
 
     def _check_actions(self, actions: Any) -> torch.Tensor:
         if isinstance(actions, np.ndarray) or not isinstance(actions, torch.Tensor):
@@ -430,12 +534,15 @@ class G1TrackingVectorEnv(VectorEnv):
         """Advance all environments by one control step.
 
         Args:
-            actions: [N, nu] (torch on ``device`` or array-like); q_des = q_default + offset + s_a tanh(a).
+            actions: [N, 29] (torch on ``device`` or array-like); q_des = q_default + offset + s_a tanh(a).
         Returns:
             ``(obs [N, D], reward [N], terminated [N] bool, truncated [N] bool, info)``. ``info`` holds
-            ``final_obs`` / ``_final_obs`` (SAME_STEP autoreset), ``nonfinite`` [N] (environments whose state
-            diverged this step: reset, reward 0, terminated, gradient blocked), ``fell`` [N], ``frame`` [N],
-            ``contact_impulse`` [N, nc] and, with observation noise, ``critic_obs``.
+            ``final_obs`` / ``_final_obs`` (SAME_STEP autoreset), ``unstable_reset`` [N] (environments whose state
+            was non-finite or faster than ``bcg.sim.MAX_SPEED`` at the start of the step and were reset before the
+            simulator was called), ``nonfinite`` [N] (environments whose step diverged: reward 0, terminated,
+            gradient blocked), ``num_unstable`` (the number of both this step), ``fell`` [N], ``frame`` [N],
+            ``contact_impulse``, ``contact_peak_force`` and ``contact_penetration`` [N, 8] and, with observation
+            noise, ``critic_obs`` / ``final_critic_obs`` (noise-free).
         """
         if self._needs_reset:
             raise RuntimeError("call reset() before step()")
@@ -446,90 +553,48 @@ class G1TrackingVectorEnv(VectorEnv):
             return self._step(actions)
 
     def _step(self, actions: torch.Tensor):
-        from bcg.sim import step as sim_step
-
-        dev, dr = self.device, self.domain_randomization
-        # action latency: an environment with latency applies the previous step's action
-        applied = torch.where(self.latency[:, None], self._delayed_actions, actions)
-        self._delayed_actions = actions
-        targets = self.default_joint_pos + self.joint_offset + self.action_scale * torch.tanh(applied)
-
-        q0, qd0 = self.q, self.qd
-        if dr.push_interval is not None:
-            push = self.push_countdown == 0
-            if bool(push.any()):
-                k = int(push.sum())
-                dv = torch.zeros(self.num_envs, self.model.nv, device=dev)
-                lin = torch.as_tensor(dr.push_lin_vel, dtype=torch.float32, device=dev)
-                ang = torch.as_tensor(dr.push_ang_vel, dtype=torch.float32, device=dev)
-                dv[push, 0:3] = uniform(self._gen, -lin, lin, (k, 3), dev)
-                dv[push, 3:6] = uniform(self._gen, -ang, ang, (k, 3), dev)
-                qd0 = qd0 + dv.detach()
-                self.push_countdown = torch.where(push, self._push_steps(self.num_envs), self.push_countdown)
-            self.push_countdown = self.push_countdown - 1
-
-        holder: dict = {}
-        if torch.is_grad_enabled():
-            q_in, qd_in, t_in = (_GradMask.apply(x, holder) for x in (q0, qd0, targets))
-        else:
-            q_in, qd_in, t_in = q0, qd0, targets
-        q1, qd1, contact = sim_step(self.model, q_in, qd_in, t_in, self.physics)
-        with torch.no_grad():
-            bad = ~(torch.isfinite(q1).all(1) & torch.isfinite(qd1).all(1))
-            bad |= (q1.abs().amax(1) > self.state_limit) | (qd1.abs().amax(1) > self.state_limit)
-        holder["bad"] = bad
-        any_bad = bool(bad.any())
-        if any_bad:
-            self.nonfinite_count += int(bad.sum())
-            q1 = torch.where(bad[:, None], q0.detach(), q1)
-            qd1 = torch.where(bad[:, None], torch.zeros_like(qd1), qd1)
-
-        self.frame = self.frame + 1
-        self.episode_steps = self.episode_steps + 1
-        sim = features(self._kin, self._keys, q1, qd1)
-        ref = self.ref_features(self.frame)
-        reward = self.reward_fn(sim, ref, StepContext(actions, self.prev_actions, contact))
-        if reward.shape != (self.num_envs,):
-            raise ValueError(f"the reward function returned shape {list(reward.shape)}, expected [{self.num_envs}]")
-        if any_bad:
-            reward = torch.where(bad, torch.zeros_like(reward), reward)
-        obs = self._observe(sim, self.frame)
-
-        with torch.no_grad():
-            fell = sim.root_pos_w[:, 2] < self.termination_height
-            far = (sim.key_pos_w - ref.key_pos_w).norm(dim=-1).amax(1) > self.termination_distance
-            terminated = fell | far | bad
-            truncated = self.frame >= self.num_frames - 1
-            if self.max_episode_steps is not None:
-                truncated |= self.episode_steps >= self.max_episode_steps
-            truncated &= ~terminated
-            done = terminated | truncated
-
-        self.q, self.qd = q1, qd1
-        self.prev_actions = actions
+        s = self._state
+        unstable = self._unstable(s)
+        if bool(unstable.any()):  # reset before the simulator sees the state, so training never raises
+            idx = unstable.nonzero().flatten()
+            with torch.no_grad():
+                s = self._reset_rows(s, idx, self._next_keys(s.rng_key[idx]))
+        nxt, reward, terminated, truncated, contact, sim, bad, fell = self._transition(s, actions)
+        obs = self._observe(sim, nxt.frame)
+        done = terminated | truncated
+        num_unstable = int(unstable.sum()) + int(bad.sum())
+        self.nonfinite_count += num_unstable
         info: dict[str, Any] = {
             "nonfinite": bad,
+            "unstable_reset": unstable,
+            "num_unstable": num_unstable,
             "fell": fell,
-            "frame": self.frame.clone(),
+            "frame": nxt.frame.clone(),
             "contact_impulse": contact.impulse,
+            "contact_peak_force": contact.peak_force,
+            "contact_penetration": contact.penetration,
         }
-        final_obs = obs
+        noise_on = self._noise_on
+        clean_final = obs
+        final_obs = obs + self._noise(nxt) if noise_on else obs
+        noisy = final_obs
         if self.autoreset and bool(done.any()):
             idx = done.nonzero().flatten()
-            qr, qdr = self._reset_rows(idx)
-            self.q = self.q.index_put((idx,), qr)
-            self.qd = self.qd.index_put((idx,), qdr)
-            self.prev_actions = self.prev_actions.index_fill(0, idx, 0.0)
-            self._delayed_actions = self._delayed_actions.index_fill(0, idx, 0.0)
             with torch.no_grad():
-                f_new = features(self._kin, self._keys, qr, qdr)
-                obs_new = self._observe(f_new, self.frame[idx])
-            obs = obs.index_put((idx,), obs_new)
+                nxt = self._reset_rows(nxt, idx, self._next_keys(nxt.rng_key[idx]))
+                rows = nxt[idx]
+                obs_new = self._observe(self._features(rows.q, rows.qd), rows.frame)
+                obs = obs.index_put((idx,), obs_new)
+                if noise_on:
+                    noisy = noisy.index_put((idx,), obs_new + self._noise(rows))
+                else:
+                    noisy = obs
+        self._state = nxt
         info["final_obs"] = final_obs
         info["_final_obs"] = done if self.autoreset else torch.zeros_like(done)
-        noisy = self._noisy(obs)
-        if noisy is not obs:
+        if noise_on:
             info["critic_obs"] = obs
+            info["final_critic_obs"] = clean_final
         return noisy, reward, terminated, truncated, info
 
     # ------------------------------------------------------------------------------------------------ render

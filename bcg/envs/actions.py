@@ -1,0 +1,47 @@
+"""The action mapping of the G1 tracking environments: actions to PD joint targets and back.
+
+q_des = q_default + offset + s_a tanh(a)  (METHOD.md 7.2), with the per-joint scale s_a chosen so that every target
+inside the joint range is reached by an action with |a| <= ``reach``: s_a = max(hi - q_default, q_default - lo) /
+tanh(reach). The inverse is a = atanh((q_des - q_default - offset) / s_a), with targets beyond the reach of the
+tanh clamped to |a| <= :data:`MAX_INVERSE_ACTION`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+__all__ = ["ActionMap", "DEFAULT_REACH", "MAX_INVERSE_ACTION", "default_action_scale"]
+
+DEFAULT_REACH: float = 0.9
+"""|a| that reaches the farther joint limit with the default action scale."""
+
+MAX_INVERSE_ACTION: float = 4.0
+"""Largest |a| :meth:`ActionMap.to_action` returns (targets beyond s_a tanh(4) from the default are clamped)."""
+
+
+def default_action_scale(default_pos: np.ndarray, ranges: np.ndarray, reach: float = DEFAULT_REACH) -> np.ndarray:
+    """Per-joint scale [nu] [rad] that maps |a| <= ``reach`` onto the whole joint range ``ranges`` [nu, 2]."""
+    far = np.maximum(ranges[:, 1] - default_pos, default_pos - ranges[:, 0])
+    return far / math.tanh(reach)
+
+
+class ActionMap:
+    """``to_target(a, offset)`` and its inverse ``to_action(q_des, offset)``, batched [N, nu] (torch)."""
+
+    def __init__(self, default_pos: torch.Tensor, scale: torch.Tensor):
+        self.default_pos = default_pos
+        self.scale = scale
+
+    def to_target(self, actions: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
+        """PD targets [N, nu] [rad] of actions [N, nu] (differentiable)."""
+        base = self.default_pos if offset is None else self.default_pos + offset
+        return base + self.scale * torch.tanh(actions)
+
+    def to_action(self, targets: torch.Tensor, offset: torch.Tensor | None = None) -> torch.Tensor:
+        """Actions [N, nu] whose targets are ``targets`` [N, nu] [rad] (clamped to |a| <= MAX_INVERSE_ACTION)."""
+        base = self.default_pos if offset is None else self.default_pos + offset
+        lim = math.tanh(MAX_INVERSE_ACTION)
+        return torch.atanh(((targets - base) / self.scale).clamp(-lim, lim))

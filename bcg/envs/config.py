@@ -1,0 +1,153 @@
+"""Configuration of the G1 tracking environments: :class:`EnvConfig` and the observation-noise table.
+
+``gym.make_vec(id, num_envs=N, config=EnvConfig(...))`` and the keyword form ``gym.make_vec(id, num_envs=N,
+kappa=100.0, ...)`` are equivalent; keywords given beside a ``config`` override its fields. Frozen dataclasses with a
+docstring per field, so that the command line (tyro) can expose them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from bcg.envs.randomization import DomainRandomization
+
+__all__ = ["EnvConfig", "ObservationNoise", "check_count"]
+
+
+@dataclass(frozen=True)
+class ObservationNoise:
+    """Half-widths of the uniform observation noise U(-n, n) per observation term (METHOD.md 7.1), used when
+    domain randomisation turns observation noise on. Terms not listed get none."""
+
+    root_rot_h: float = 0.05
+    """Root orientation (6-D) [rad]."""
+    root_lin_vel_h: float = 0.5
+    """Root linear velocity [m/s]."""
+    root_ang_vel_h: float = 0.2
+    """Root angular velocity [rad/s]."""
+    body_rot_h: float = 0.01
+    """Body orientations (6-D each) [rad]."""
+    joint_vel: float = 0.5
+    """Hinge rates [rad/s]."""
+    key_pos_h: float = 0.01
+    """Key-body positions [m]."""
+    root_pos_h: float = 0.25
+    """Reference root position relative to the robot, each reference step [m]."""
+
+    def half_width(self, term: str) -> float:
+        """Noise half-width of an observation term of :func:`bcg.envs.observations.observation_layout`."""
+        if term.startswith("ref"):
+            base = term.split("_", 1)[1]
+            return self.root_pos_h if base == "root_pos_h" else 0.0
+        return float(getattr(self, term, 0.0)) if term != "root_pos_h" else 0.0
+
+
+def check_count(name: str, value: Any, minimum: int = 1) -> int:
+    """``value`` as a Python int >= ``minimum`` (numpy integers accepted); a clear error otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r} of type {type(value).__name__}")
+    if int(value) < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {int(value)}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    """Every option of the G1 tracking environments (``BCG-G1-{Run,Jump,Fight,Dance}-v0``)."""
+
+    motion_file: Any = None
+    """Reference: a packaged clip name (run, jump, fight, dance), a file path (.npz / .csv), or a
+    :class:`bcg.motion.Motion` at the control period. None: the environment id's own clip."""
+    motion_fps: float | None = None
+    """Frame rate of the motion file [Hz] (None: what the file or its name says; see bcg.motion.formats)."""
+    motion_format: Literal["auto", "lafan1", "g1moves", "npz"] = "auto"
+    """Motion file format (lafan1: CSV at 30 FPS; g1moves: CSV at 60 FPS)."""
+    kappa: float | None = None
+    """Contact stiffness of the simulator [1/m] (None: the simulator's default, 300)."""
+    substeps: int | None = None
+    """Physics substeps per control step (None: 4)."""
+    sim_dt: float | None = None
+    """Physics substep [s] (None: 0.005); the control period is substeps * sim_dt."""
+    device: str = "cpu"
+    """Torch / Warp device: "cpu" or "cuda[:K]"."""
+    differentiable: bool = False
+    """Keep the autograd graph through the simulator (vector env only); otherwise steps run under no_grad."""
+    domain_randomization: bool | DomainRandomization = False
+    """False (off), True (METHOD.md 7.3 ranges) or a DomainRandomization."""
+    observation_noise: ObservationNoise = field(default_factory=ObservationNoise)
+    """Half-widths of the observation noise (applied only when domain randomisation turns the noise on)."""
+    reward: str | Callable[..., Any] = "tracking"
+    """"tracking" (bcg.envs.rewards.TrackingReward) or a callable reward(sim, ref, ctx) -> [N]."""
+    action_scale: Any = None
+    """s_a of q_des = q_default + offset + s_a tanh(a), scalar or [29] [rad]. None: per joint, the distance from
+    the default pose to its farther joint limit divided by tanh(0.9), so that every target inside the joint range
+    is reached with |a| <= 0.9 (plus the default-pose offset of domain randomisation)."""
+    max_episode_steps: int | None = None
+    """Extra time limit in control steps (>= 1); the clip's end always truncates."""
+    termination_height: float = 0.3
+    """A pelvis below this height [m] ends the episode (fall)."""
+    termination_distance: float = 1.0
+    """A key body farther than this from its reference [m] ends the episode."""
+    ref_steps: int = 3
+    """Number of future reference frames in the observation."""
+    state_limit: float = 1e4
+    """A qpos entry beyond this magnitude counts as diverged; qvel entries are bounded by bcg.sim.MAX_SPEED."""
+    autoreset: bool = True
+    """Reset finished environments inside step (SAME_STEP); False is for the single env."""
+    render_mode: str | None = None
+    """None or "rgb_array" (environment 0 and its reference ghost, MuJoCo offscreen)."""
+
+    def __post_init__(self) -> None:
+        if self.max_episode_steps is not None:
+            object.__setattr__(self, "max_episode_steps", check_count("max_episode_steps", self.max_episode_steps))
+        object.__setattr__(self, "ref_steps", check_count("ref_steps", self.ref_steps))
+        if self.substeps is not None:
+            object.__setattr__(self, "substeps", check_count("substeps", self.substeps))
+        for name in ("kappa", "sim_dt", "motion_fps"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a finite number > 0 or None, got {v!r}")
+        for name in ("termination_height", "termination_distance", "state_limit"):
+            v = getattr(self, name)
+            if not (isinstance(v, numbers.Real) and math.isfinite(v)):
+                raise ValueError(f"{name} must be a finite number, got {v!r}")
+        if self.state_limit <= 0 or self.termination_distance <= 0:
+            raise ValueError("state_limit and termination_distance must be > 0, got "
+                             f"{self.state_limit!r} and {self.termination_distance!r}")
+        if self.render_mode not in (None, "rgb_array"):
+            raise ValueError(f"render_mode must be None or 'rgb_array', got {self.render_mode!r}")
+        if not isinstance(self.domain_randomization, (bool, DomainRandomization)):
+            raise TypeError("domain_randomization must be a bool or a DomainRandomization, got "
+                            f"{type(self.domain_randomization).__name__}")
+        if not isinstance(self.observation_noise, ObservationNoise):
+            raise TypeError("observation_noise must be an ObservationNoise, got "
+                            f"{type(self.observation_noise).__name__}")
+        if not (self.reward == "tracking" or callable(self.reward)):
+            raise ValueError(f"reward must be 'tracking' or a callable reward(sim, ref, ctx), got {self.reward!r}")
+
+    @property
+    def randomization(self) -> DomainRandomization:
+        """The :class:`DomainRandomization` this config asks for (``DomainRandomization.off()`` when False)."""
+        dr = self.domain_randomization
+        if dr is True:
+            return DomainRandomization()
+        if dr is False:
+            return DomainRandomization.off()
+        return dr
+
+    @staticmethod
+    def from_kwargs(config: EnvConfig | None = None, **kwargs: Any) -> EnvConfig:
+        """``config`` (default ``EnvConfig()``) with the keyword fields replaced; unknown keywords raise."""
+        base = EnvConfig() if config is None else config
+        if not isinstance(base, EnvConfig):
+            raise TypeError(f"config must be an EnvConfig, got {type(base).__name__}")
+        names = {f.name for f in dataclasses.fields(EnvConfig)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown environment option(s) {unknown}; EnvConfig fields are {sorted(names)}")
+        return dataclasses.replace(base, **kwargs) if kwargs else base
