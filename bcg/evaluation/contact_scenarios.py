@@ -1,0 +1,273 @@
+"""Contact scenarios run in the bcg simulator and in C MuJoCo from the same initial state with the same PD targets
+held: standing, a drop onto the feet, and a sideways slide. The traces and metrics serve both the tests
+(``tests/test_sim_contact_mujoco.py``, ``tests/test_sim_contact.py``) and ``benchmarks/contact_vs_mujoco.py``.
+
+Both simulators are sampled at every 5 ms physics step, and every geometric quantity (pelvis and foot positions,
+sphere penetrations) is computed from the recorded ``qpos`` with MuJoCo's own forward kinematics
+(:func:`mujoco.mj_kinematics` on :data:`bcg.robots.g1.SCENE_PATH`), so the two traces are measured by one and the
+same code and differ only in their dynamics. MuJoCo keeps its own contact model (soft constraints, ``condim`` 3,
+pyramidal cones, ``implicitfast``); its joint limits and actuator force ranges are active as in the MJCF.
+
+All positions are in metres, times in seconds, impulses in N s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:  # pragma: no cover
+    import mujoco
+
+__all__ = [
+    "DROP",
+    "SCENARIOS",
+    "SLIDE",
+    "STAND",
+    "ContactTrace",
+    "Scenario",
+    "metrics",
+    "run_bcg",
+    "run_mujoco",
+]
+
+DT = 0.005
+"""Physics step of both simulators [s] (the G1 MJCF's timestep and bcg's default substep)."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Initial condition and duration of one contact scenario; the PD targets are the default pose throughout."""
+
+    name: str
+    """Short name (``stand``, ``drop``, ``slide``)."""
+    seconds: float
+    """Simulated time [s]."""
+    height: float = 0.0
+    """Added to the default base height [m]: the lowest foot sphere starts this far above the ground."""
+    velocity: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    """Initial root linear velocity, world frame [m/s]; the hinges start at rest, so every body moves with it."""
+
+    def __post_init__(self) -> None:
+        if not (self.seconds > 0 and np.isfinite(self.seconds)):
+            raise ValueError(f"Scenario.seconds must be a finite value > 0, got {self.seconds!r}")
+        if not (self.height >= 0 and np.isfinite(self.height)):
+            raise ValueError(f"Scenario.height must be a finite value >= 0 [m], got {self.height!r}")
+        if len(self.velocity) != 3 or not np.all(np.isfinite(self.velocity)):
+            raise ValueError(f"Scenario.velocity must be three finite values [m/s], got {self.velocity!r}")
+
+    def initial_state(self) -> tuple[np.ndarray, np.ndarray]:
+        """(qpos [36], qvel [35]) float64 in MuJoCo's layout: the default standing pose, raised and moving."""
+        from bcg.robots import g1
+
+        q = g1.default_qpos()
+        q[2] += self.height
+        qd = np.zeros(q.shape[0] - 1)
+        qd[:3] = self.velocity
+        return q, qd
+
+
+STAND = Scenario("stand", 10.0)
+"""Standing still under PD for 10 s, feet just touching."""
+DROP = Scenario("drop", 1.5, height=0.05)
+"""Released with the feet 5 cm above the ground: touch-down after 0.10 s at 0.99 m/s."""
+SLIDE = Scenario("slide", 1.0, velocity=(0.0, 0.5, 0.0))
+"""Standing, the whole robot given 0.5 m/s to its left (+y): friction stops the feet within about 0.1 s."""
+SCENARIOS: tuple[Scenario, ...] = (STAND, DROP, SLIDE)
+
+
+@cache
+def _kinematics_model() -> tuple[mujoco.MjModel, np.ndarray, np.ndarray, int]:
+    """The scene model, its collision spheres' geom ids [nc] and radii [nc], the contact bodies' ids [2], pelvis."""
+    import mujoco
+
+    from bcg.robots import g1
+
+    m = mujoco.MjModel.from_xml_path(str(g1.SCENE_PATH))
+    spheres = np.array([g for g in range(m.ngeom)
+                        if m.geom_type[g] == mujoco.mjtGeom.mjGEOM_SPHERE and m.geom_contype[g] > 0])
+    feet = np.unique(m.geom_bodyid[spheres])
+    return m, spheres, feet, 1
+
+
+@dataclass(frozen=True)
+class ContactTrace:
+    """One environment's trajectory, sampled after every 5 ms step (``T`` samples; the initial state is not one).
+
+    ``pelvis`` [T, 3] and ``feet`` [T, 3] (mean of the two foot bodies' origins) are world positions [m];
+    ``penetration`` [T, nc] is radius - centre height of every foot sphere [m] (positive when penetrating);
+    ``impulse`` [T] the summed normal contact impulse of each step [N s]; ``start_*`` the same at t = 0.
+    """
+
+    name: str
+    t: np.ndarray
+    qpos: np.ndarray
+    pelvis: np.ndarray
+    feet: np.ndarray
+    penetration: np.ndarray
+    impulse: np.ndarray
+    start_pelvis: np.ndarray
+    start_feet: np.ndarray
+    weight: float
+    """m g [N]."""
+
+    @classmethod
+    def from_qpos(cls, name: str, q0: np.ndarray, qpos: np.ndarray, impulse: np.ndarray) -> ContactTrace:
+        """Measure a trajectory: ``q0`` [nq] initial qpos, ``qpos`` [T, nq] after each step, ``impulse`` [T]."""
+        import mujoco
+
+        m, spheres, feet, pelvis = _kinematics_model()
+        d = mujoco.MjData(m)
+        qs = np.concatenate([q0[None], qpos]).astype(np.float64)
+        pel, foot, pen = np.empty((len(qs), 3)), np.empty((len(qs), 3)), np.empty((len(qs), len(spheres)))
+        for k, q in enumerate(qs):
+            d.qpos[:] = q
+            mujoco.mj_kinematics(m, d)
+            pel[k] = d.xpos[pelvis]
+            foot[k] = d.xpos[feet].mean(0)
+            pen[k] = m.geom_size[spheres, 0] - d.geom_xpos[spheres, 2]
+        weight = float(np.sum(m.body_mass)) * abs(float(m.opt.gravity[2]))
+        t = np.arange(1, len(qpos) + 1) * DT
+        return cls(name, t, qs[1:], pel[1:], foot[1:], pen[1:], np.asarray(impulse, dtype=np.float64), pel[0],
+                   foot[0], weight)
+
+    # --- metrics -------------------------------------------------------------------------------------------------
+    def _window(self, t0: float, t1: float | None) -> np.ndarray:
+        return (self.t > t0 - 1e-9) & (self.t < (np.inf if t1 is None else t1) + 1e-9)
+
+    def at(self, t: float) -> int:
+        """Index of the sample at time ``t`` [s] (the nearest one)."""
+        return int(np.argmin(np.abs(self.t - t)))
+
+    def peak_penetration(self, t0: float = 0.0, t1: float | None = None) -> float:
+        """Largest penetration of any foot sphere in [t0, t1] [m]."""
+        return float(self.penetration[self._window(t0, t1)].max())
+
+    def mean_penetration(self, t0: float = 0.0, t1: float | None = None) -> float:
+        """Time mean over [t0, t1] of the mean over the spheres of max(penetration, 0) [m] (SIM_NOTES 13.3 "pen.")."""
+        return float(np.clip(self.penetration[self._window(t0, t1)], 0.0, None).mean())
+
+    def settled_height(self, last: float = 0.5) -> float:
+        """Mean pelvis height over the last ``last`` seconds [m]."""
+        return float(self.pelvis[self.t > self.t[-1] - last, 2].mean())
+
+    def settling_time(self, tol: float = 2e-3, last: float = 0.5) -> float:
+        """First time [s] after which the pelvis height stays within ``tol`` [m] of :meth:`settled_height`
+        (inf if the last sample is still outside: the pelvis has not settled)."""
+        off = np.abs(self.pelvis[:, 2] - self.settled_height(last)) > tol
+        if not off.any():
+            return float(self.t[0])
+        last_off = int(np.nonzero(off)[0][-1])
+        return float(self.t[last_off + 1]) if last_off + 1 < len(self.t) else float("inf")
+
+    def horizontal_displacement(self, t: float, of: str = "feet") -> float:
+        """Horizontal distance [m] the ``feet`` (mean foot origin) or the ``pelvis`` moved from t = 0 to ``t``."""
+        now, start = (self.feet, self.start_feet) if of == "feet" else (self.pelvis, self.start_pelvis)
+        return float(np.linalg.norm(now[self.at(t), :2] - start[:2]))
+
+    def creep_rate(self, t0: float = 1.0) -> float:
+        """Mean horizontal speed of the feet from ``t0`` to the end [m/s] (SIM_NOTES 13.3 "slip" over time)."""
+        i = self.at(t0)
+        return float(np.linalg.norm(self.feet[-1, :2] - self.feet[i, :2]) / (self.t[-1] - self.t[i]))
+
+    def impulse_over_weight(self, seconds: float = 1.0) -> float:
+        """Normal impulse of the last ``seconds`` over the weight impulse m g x seconds (1 = balanced)."""
+        return float(self.impulse[self.t > self.t[-1] - seconds + 1e-9].sum() / (self.weight * seconds))
+
+    def fell(self, height: float = 0.6) -> bool:
+        """Whether the pelvis went below ``height`` [m] at any sample."""
+        return bool(self.pelvis[:, 2].min() < height)
+
+
+SLIDE_TIMES = (0.1, 0.2, 0.5)
+"""Times [s] at which the slide distances are compared."""
+
+
+def metrics(trace: ContactTrace) -> dict[str, float]:
+    """The compared quantities of a trace of :data:`STAND`, :data:`DROP` or :data:`SLIDE` (by ``trace.name``),
+    in SI units (m, s, m/s; ``impulse_over_weight`` is dimensionless):
+
+    * stand: ``pelvis_z`` at the end, ``mean_penetration`` and ``peak_penetration`` over the second half,
+      ``drift_1s`` / ``drift_end`` (horizontal pelvis displacement at 1 s / at the end), ``creep`` (foot speed
+      after 1 s), ``impulse_over_weight`` (last second);
+    * drop: ``peak_penetration``, ``settled_height`` (mean pelvis height of the last 0.5 s), ``settling_time``
+      (to 2 mm of it), ``lowest_pelvis_z``;
+    * slide: ``feet_<t>`` and ``pelvis_<t>``, the horizontal distance moved by t = 0.1, 0.2, 0.5 s.
+    """
+    if trace.name == "stand":
+        half = 0.5 * float(trace.t[-1])
+        return {
+            "pelvis_z": float(trace.pelvis[-1, 2]),
+            "mean_penetration": trace.mean_penetration(half),
+            "peak_penetration": trace.peak_penetration(half),
+            "drift_1s": trace.horizontal_displacement(1.0, "pelvis"),
+            "drift_end": trace.horizontal_displacement(float(trace.t[-1]), "pelvis"),
+            "creep": trace.creep_rate(1.0),
+            "impulse_over_weight": trace.impulse_over_weight(1.0),
+        }
+    if trace.name == "drop":
+        return {
+            "peak_penetration": trace.peak_penetration(),
+            "settled_height": trace.settled_height(),
+            "settling_time": trace.settling_time(),
+            "lowest_pelvis_z": float(trace.pelvis[:, 2].min()),
+        }
+    if trace.name == "slide":
+        out = {f"feet_{t:g}": trace.horizontal_displacement(t, "feet") for t in SLIDE_TIMES}
+        out.update({f"pelvis_{t:g}": trace.horizontal_displacement(t, "pelvis") for t in SLIDE_TIMES})
+        return out
+    raise ValueError(f"metrics are defined for the scenarios 'stand', 'drop' and 'slide', got {trace.name!r}")
+
+
+def run_bcg(scenario: Scenario, **params: float) -> ContactTrace:
+    """The scenario in :mod:`bcg.sim` (float32 Warp kernels, CPU, N = 1); ``params`` go to
+    :func:`bcg.sim.load_model` (e.g. ``kappa``). The model takes one substep per call so that every 5 ms step is
+    sampled; with the targets held this is the same dynamics as ``substeps`` of them per call."""
+    import torch
+
+    from bcg.robots import g1
+    from bcg.sim import load_model, step
+
+    model = load_model(**{**params, "substeps": 1, "dt": DT})
+    q0, qd0 = scenario.initial_state()
+    q = torch.tensor(q0, dtype=torch.float32)[None]
+    qd = torch.tensor(qd0, dtype=torch.float32)[None]
+    targets = torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32)[None]
+    n = int(round(scenario.seconds / DT))
+    qs, imp = np.empty((n, model.nq)), np.empty(n)
+    with torch.no_grad():
+        for k in range(n):
+            q, qd, rep = step(model, q, qd, targets)
+            qs[k] = q[0].double().numpy()
+            imp[k] = float(rep.impulse.sum())
+    return ContactTrace.from_qpos(scenario.name, q0, qs, imp)
+
+
+def run_mujoco(scenario: Scenario) -> ContactTrace:
+    """The scenario in C MuJoCo on :data:`bcg.robots.g1.SCENE_PATH` (its own contacts, 5 ms, ``implicitfast``)."""
+    import mujoco
+
+    from bcg.robots import g1
+
+    m = mujoco.MjModel.from_xml_path(str(g1.SCENE_PATH))
+    m.opt.timestep = DT
+    d = mujoco.MjData(m)
+    q0, qd0 = scenario.initial_state()
+    d.qpos[:] = q0
+    d.qvel[:] = qd0
+    d.ctrl[:] = g1.DEFAULT_JOINT_POS
+    n = int(round(scenario.seconds / DT))
+    qs, imp = np.empty((n, m.nq)), np.empty(n)
+    force = np.zeros(6)
+    for k in range(n):
+        mujoco.mj_step(m, d)
+        total = 0.0
+        for c in range(d.ncon):
+            mujoco.mj_contactForce(m, d, c, force)  # contact frame: force[0] is the normal component
+            total += force[0] * DT
+        qs[k] = d.qpos
+        imp[k] = total
+    return ContactTrace.from_qpos(scenario.name, q0, qs, imp)

@@ -1,0 +1,106 @@
+"""Contact against C MuJoCo: standing (10 s), a 5 cm drop and a 0.5 m/s sideways slide, bcg at several kappa.
+
+Runs every scenario of :mod:`bcg.evaluation.contact_scenarios` in MuJoCo (its own contacts, 5 ms) and in bcg.sim at
+each ``--kappa`` (N = 1, CPU), prints a table of the compared metrics (the quantities
+``tests/test_sim_contact_mujoco.py`` bounds) and writes one figure with the three scenarios side by side
+(``docs/img/contact_vs_mujoco.png`` or ``--out``): pelvis height on top; below it the mean foot-sphere penetration
+(stand), the deepest sphere's penetration (drop) and the horizontal distance moved by the feet and the pelvis
+(slide).
+
+Usage::
+
+    python benchmarks/contact_vs_mujoco.py [--kappa 50 100 300] [--stand-seconds 10] [--out FIGURE.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from bcg.evaluation.contact_scenarios import DROP, SLIDE, STAND, ContactTrace, metrics, run_bcg, run_mujoco
+
+# metric -> (column header, scale to the printed unit)
+_UNITS = {"penetration": ("mm", 1e3), "pelvis_z": ("m", 1.0), "height": ("m", 1.0), "pelvis": ("mm", 1e3),
+          "drift": ("mm", 1e3), "feet": ("mm", 1e3), "creep": ("mm/s", 1e3), "time": ("s", 1.0),
+          "impulse": ("", 1.0)}
+
+
+def _unit(metric: str) -> tuple[str, float]:
+    for key, unit in _UNITS.items():
+        if key in metric:
+            return unit
+    return "", 1.0
+
+
+def print_table(runs: dict[str, dict[str, ContactTrace]]) -> None:
+    """One markdown table per scenario: a row per model, a column per metric (in printed units)."""
+    for scenario in (STAND.name, DROP.name, SLIDE.name):
+        rows = {model: metrics(traces[scenario]) for model, traces in runs.items()}
+        names = list(next(iter(rows.values())))
+        heads = [f"{n} [{_unit(n)[0]}]" if _unit(n)[0] else n for n in names]
+        print(f"\n{scenario}\n| model | " + " | ".join(heads) + " |")
+        print("|---|" + "---|" * len(names))
+        for model, row in rows.items():
+            cells = []
+            for n in names:
+                v = row[n] * _unit(n)[1]
+                cells.append(f"{v:.4f}" if abs(v) < 10 else f"{v:.1f}")
+            print(f"| {model} | " + " | ".join(cells) + " |")
+
+
+def plot(runs: dict[str, dict[str, ContactTrace]], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 3, figsize=(14, 6.4), sharex="col")
+    for model, traces in runs.items():
+        style = dict(color="k", lw=2.0, alpha=0.6) if model.startswith("MuJoCo") else dict(lw=1.0)
+        st, dr, sl = traces[STAND.name], traces[DROP.name], traces[SLIDE.name]
+        axes[0, 0].plot(st.t, st.pelvis[:, 2], label=model, **style)
+        axes[1, 0].plot(st.t, 1e3 * np.clip(st.penetration, 0, None).mean(1), label=model, **style)
+        axes[0, 1].plot(dr.t, dr.pelvis[:, 2], label=model, **style)
+        axes[1, 1].plot(dr.t, 1e3 * dr.penetration.max(1), label=model, **style)
+        axes[0, 2].plot(sl.t, sl.pelvis[:, 2], label=model, **style)
+        line, = axes[1, 2].plot(sl.t, 1e3 * np.linalg.norm(sl.feet[:, :2] - sl.start_feet[:2], axis=1),
+                                label=f"{model} feet", **style)
+        axes[1, 2].plot(sl.t, 1e3 * np.linalg.norm(sl.pelvis[:, :2] - sl.start_pelvis[:2], axis=1),
+                        ls="--", color=line.get_color(), lw=style["lw"], alpha=style.get("alpha", 1.0))
+    axes[0, 0].set(title=f"stand ({STAND.seconds:g} s, PD at the default pose)", ylabel="pelvis height [m]")
+    axes[1, 0].set(xlabel="time [s]", ylabel="mean sphere penetration [mm]")
+    axes[0, 1].set(title=f"drop from {100 * DROP.height:g} cm", ylabel="pelvis height [m]")
+    # the drop starts 50 mm above the ground: show the landing, not the fall
+    axes[1, 1].set(xlabel="time [s]", ylabel="deepest sphere penetration [mm]", ylim=(-4.0, None))
+    axes[0, 2].set(title=f"slide, {SLIDE.velocity[1]:g} m/s sideways", ylabel="pelvis height [m]")
+    axes[1, 2].set(xlabel="time [s]", ylabel="horizontal distance [mm]\n(solid feet, dashed pelvis)")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    axes[0, 0].legend(fontsize=8)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=90)
+    print(f"\nwrote {out}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kappa", type=float, nargs="+", default=[50.0, 100.0, 300.0])
+    parser.add_argument("--stand-seconds", type=float, default=STAND.seconds)
+    parser.add_argument("--out", type=Path, default=Path("docs/img/contact_vs_mujoco.png"))
+    args = parser.parse_args(argv)
+
+    scenarios = (replace(STAND, seconds=args.stand_seconds), DROP, SLIDE)
+    runs = {"MuJoCo (5 ms)": {s.name: run_mujoco(s) for s in scenarios}}
+    for kappa in args.kappa:
+        runs[f"bcg kappa {kappa:g}"] = {s.name: run_bcg(s, kappa=kappa) for s in scenarios}
+    print_table(runs)
+    plot(runs, args.out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,100 @@
+"""Contact against an independent reference: standing, a drop onto the feet and a sideways slide, in bcg.sim and in
+C MuJoCo from the same state with the same PD targets (:mod:`bcg.evaluation.contact_scenarios`).
+
+Every tolerance of this file is in the block below, next to the values measured when it was set, so that a change
+of the contact code re-tunes them in one place. ``python benchmarks/contact_vs_mujoco.py`` prints the same metrics.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bcg.evaluation.contact_scenarios import SCENARIOS, metrics, run_bcg, run_mujoco
+
+# ---- bounds ---------------------------------------------------------------------------------------------------
+# Measured at commit 7f693f1 (bcg kappa 300, beta 0.2, 10 PGS sweeps; MuJoCo 5 ms implicitfast), "ours vs MuJoCo".
+KAPPA = 300.0
+
+CLOSE_TO_MUJOCO: dict[tuple[str, str], float] = {
+    # |bcg - MuJoCo| allowed, SI units (m, s)
+    ("stand", "pelvis_z"): 1.0e-3,  # 0.7907 vs 0.7914 m: -0.70 mm
+    ("stand", "mean_penetration"): 1.0e-3,  # 1.06 vs 0.38 mm over 5-10 s: +0.68 mm
+    ("stand", "peak_penetration"): 1.5e-3,  # 1.46 vs 0.48 mm over 5-10 s: +0.98 mm
+    ("drop", "peak_penetration"): 3.5e-3,  # 2.59 vs 5.19 mm: -2.60 mm (bcg's contact is stiffer on impact)
+    ("drop", "settled_height"): 1.0e-3,  # 0.7907 vs 0.7914 m: -0.70 mm
+    ("drop", "settling_time"): 0.075,  # 0.100 vs 0.150 s (to 2 mm of the settled height): -0.05 s
+    ("slide", "feet_0.1"): 2.5e-3,  # 5.75 vs 7.42 mm: -1.66 mm
+    ("slide", "feet_0.2"): 5.0e-3,  # 23.9 vs 27.5 mm: -3.6 mm
+    ("slide", "feet_0.5"): 2.5e-3,  # 54.3 vs 55.6 mm: -1.3 mm
+    ("slide", "pelvis_0.1"): 1.0e-3,  # 47.0 vs 47.2 mm: -0.2 mm
+    ("slide", "pelvis_0.2"): 1.0e-3,  # 79.4 vs 79.7 mm: -0.3 mm
+    ("slide", "pelvis_0.5"): 1.5e-3,  # 135.1 vs 134.3 mm: +0.8 mm
+}
+
+UPRIGHT_HEIGHT = 0.75
+"""Pelvis height [m] both simulators stay above in every scenario (the slide's lowest is 0.786 m in both)."""
+
+IMPULSE_BALANCE = 5e-3
+"""|normal impulse of the last second / weight impulse - 1| while standing: measured < 1e-4 in both."""
+
+STAND_DRIFT_1S = 16e-3
+"""Horizontal pelvis drift in the first second of standing [m]: measured 13.7 mm (MuJoCo 2.7 mm). A regression
+bound on a known gap: issue 7 item 4 asks for 2x MuJoCo's (about 5.5 mm); tighten this when the drift is fixed."""
+
+STAND_CREEP = 0.25e-3
+"""Foot creep after the first second of standing [m/s]: measured 0.17 mm/s (MuJoCo 0.001 mm/s); same remark."""
+
+SLIDE_FEET_05 = 0.1
+"""Horizontal distance of the feet 0.5 s into the slide, both simulators [m]: measured 54-56 mm; without friction
+it would be 250 mm."""
+
+SLIDE_REST = 1e-3
+"""Distance the feet move in the last 0.1 s (0.9-1.0 s) of the slide, both simulators [m]: measured 0.33 mm
+(MuJoCo 0.07 mm): the feet have come to rest."""
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def traces():
+    """{(scenario, "bcg" | "mujoco"): ContactTrace}, each scenario run once (about 3 s of CPU in all)."""
+    out = {}
+    for s in SCENARIOS:
+        out[s.name, "bcg"] = run_bcg(s, kappa=KAPPA)
+        out[s.name, "mujoco"] = run_mujoco(s)
+    return out
+
+
+@pytest.mark.parametrize("scenario, metric", list(CLOSE_TO_MUJOCO))
+def test_metric_close_to_mujoco(traces, scenario, metric):
+    ours = metrics(traces[scenario, "bcg"])[metric]
+    theirs = metrics(traces[scenario, "mujoco"])[metric]
+    bound = CLOSE_TO_MUJOCO[scenario, metric]
+    assert abs(ours - theirs) <= bound, f"{scenario} {metric}: bcg {ours:.6g}, MuJoCo {theirs:.6g}, bound {bound:g}"
+
+
+@pytest.mark.parametrize("scenario", [s.name for s in SCENARIOS])
+@pytest.mark.parametrize("sim", ["bcg", "mujoco"])
+def test_stays_upright(traces, scenario, sim):
+    lowest = float(traces[scenario, sim].pelvis[:, 2].min())
+    assert lowest > UPRIGHT_HEIGHT, f"{sim} {scenario}: pelvis down to {lowest:.3f} m"
+
+
+def test_standing_normal_impulse_balances_weight(traces):
+    for sim in ("bcg", "mujoco"):
+        ratio = metrics(traces["stand", sim])["impulse_over_weight"]
+        assert abs(ratio - 1) < IMPULSE_BALANCE, (sim, ratio)
+
+
+def test_standing_drift_and_creep(traces):
+    m = metrics(traces["stand", "bcg"])
+    assert m["drift_1s"] < STAND_DRIFT_1S, m["drift_1s"]
+    assert m["creep"] < STAND_CREEP, m["creep"]
+
+
+def test_slide_is_stopped_by_friction(traces):
+    """The slide metrics are only meaningful if friction acts, and the feet must come to rest afterwards."""
+    for sim in ("bcg", "mujoco"):
+        tr = traces["slide", sim]
+        assert tr.horizontal_displacement(0.5, "feet") < SLIDE_FEET_05, sim
+        late = tr.horizontal_displacement(1.0, "feet") - tr.horizontal_displacement(0.9, "feet")
+        assert abs(late) < SLIDE_REST, (sim, late)
