@@ -98,3 +98,21 @@ def test_slide_is_stopped_by_friction(traces):
         assert tr.horizontal_displacement(0.5, "feet") < SLIDE_FEET_05, sim
         late = tr.horizontal_displacement(1.0, "feet") - tr.horizontal_displacement(0.9, "feet")
         assert abs(late) < SLIDE_REST, (sim, late)
+
+
+def test_scenarios_reject_bad_values_and_unknown_metrics(traces):
+    from dataclasses import replace
+
+    from bcg.evaluation.contact_scenarios import DROP, Scenario
+
+    with pytest.raises(ValueError, match="Scenario.height must be a finite value >= 0"):
+        Scenario("x", 1.0, height=-0.1)
+    with pytest.raises(ValueError, match="Scenario.velocity must be three finite values"):
+        Scenario("x", 1.0, velocity=(0.0, float("nan"), 0.0))
+    with pytest.raises(ValueError, match="Scenario.seconds must be a finite value > 0"):
+        Scenario("x", 0.0)
+    q, qd = DROP.initial_state()
+    assert q[2] == pytest.approx(DROP.height + 0.791864) and not qd.any()
+    assert replace(DROP, velocity=(0.0, 0.0, -1.0)).initial_state()[1][2] == -1.0
+    with pytest.raises(ValueError, match="metrics are defined for the scenarios"):
+        metrics(replace(traces["drop", "bcg"], name="jump"))

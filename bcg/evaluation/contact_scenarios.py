@@ -14,7 +14,6 @@ All positions are in metres, times in seconds, impulses in N s.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cache
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -79,9 +78,9 @@ SLIDE = Scenario("slide", 1.0, velocity=(0.0, 0.5, 0.0))
 SCENARIOS: tuple[Scenario, ...] = (STAND, DROP, SLIDE)
 
 
-@cache
 def _kinematics_model() -> tuple[mujoco.MjModel, np.ndarray, np.ndarray, int]:
-    """The scene model, its collision spheres' geom ids [nc] and radii [nc], the contact bodies' ids [2], pelvis."""
+    """The scene model, its collision spheres' geom ids [nc], the contact bodies' ids [2] and the pelvis body id
+    (loaded afresh for every trace, about 30 ms, rather than cached in module state)."""
     import mujoco
 
     from bcg.robots import g1
@@ -90,7 +89,8 @@ def _kinematics_model() -> tuple[mujoco.MjModel, np.ndarray, np.ndarray, int]:
     spheres = np.array([g for g in range(m.ngeom)
                         if m.geom_type[g] == mujoco.mjtGeom.mjGEOM_SPHERE and m.geom_contype[g] > 0])
     feet = np.unique(m.geom_bodyid[spheres])
-    return m, spheres, feet, 1
+    root = int(m.jnt_bodyid[np.nonzero(m.jnt_type == mujoco.mjtJoint.mjJNT_FREE)[0][0]])  # the pelvis
+    return m, spheres, feet, root
 
 
 @dataclass(frozen=True)
