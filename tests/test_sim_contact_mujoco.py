@@ -104,6 +104,7 @@ def test_scenarios_reject_bad_values_and_unknown_metrics(traces):
     from dataclasses import replace
 
     from bcg.evaluation.contact_scenarios import DROP, Scenario
+    from bcg.robots import g1
 
     with pytest.raises(ValueError, match="Scenario.height must be a finite value >= 0"):
         Scenario("x", 1.0, height=-0.1)
@@ -112,7 +113,7 @@ def test_scenarios_reject_bad_values_and_unknown_metrics(traces):
     with pytest.raises(ValueError, match="Scenario.seconds must be a finite value > 0"):
         Scenario("x", 0.0)
     q, qd = DROP.initial_state()
-    assert q[2] == pytest.approx(DROP.height + 0.791864) and not qd.any()
+    assert q[2] == pytest.approx(DROP.height + g1.DEFAULT_BASE_HEIGHT) and not qd.any()
     assert replace(DROP, velocity=(0.0, 0.0, -1.0)).initial_state()[1][2] == -1.0
     with pytest.raises(ValueError, match="metrics are defined for the scenarios"):
         metrics(replace(traces["drop", "bcg"], name="jump"))
