@@ -5,7 +5,10 @@ step (reward sum, graph cut every step, as a SHAC horizon of 1 would); the SB3 a
 plain MuJoCo loop (``mj_step`` x substeps per control step with the same PD targets through the position actuators,
 one MjData per environment). Printed as env-steps/s and as ratios to the MuJoCo loop.
 
-    python benchmarks/env_throughput.py [--sizes 16 64 256] [--steps 30] [--motion run]
+Each number is the best of ``--repeats`` timed blocks of ``--steps`` steps: on a shared machine the other processes
+only ever slow a block down, so the fastest block is the closest to the machine's own speed.
+
+    python benchmarks/env_throughput.py [--sizes 16 64 256] [--steps 30] [--repeats 3] [--threads 2] [--motion run]
 """
 
 from __future__ import annotations
@@ -17,16 +20,20 @@ import numpy as np
 import torch
 
 
-def _time(fn, steps: int, warmup: int = 2) -> float:
+def _time(fn, steps: int, repeats: int, warmup: int = 2) -> float:
+    """Seconds for ``steps`` calls of ``fn``: the best of ``repeats`` timed blocks, after ``warmup`` calls."""
     for _ in range(warmup):
         fn()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    return time.perf_counter() - t0
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
-def bench_vector(n: int, steps: int, motion: str, differentiable: bool) -> float:
+def bench_vector(n: int, steps: int, motion: str, differentiable: bool, repeats: int = 3) -> float:
     from bcg.envs.vector_env import G1TrackingVectorEnv
 
     env = G1TrackingVectorEnv(n, motion, differentiable=differentiable)
@@ -40,10 +47,10 @@ def bench_vector(n: int, steps: int, motion: str, differentiable: bool) -> float
             rew.sum().backward()
             env.detach()
 
-    return n * steps / _time(one, steps)
+    return n * steps / _time(one, steps, repeats)
 
 
-def bench_sb3(n: int, steps: int, motion: str) -> float:
+def bench_sb3(n: int, steps: int, motion: str, repeats: int = 3) -> float:
     from bcg.envs.sb3 import SB3VecEnv
     from bcg.envs.vector_env import G1TrackingVectorEnv
 
@@ -54,10 +61,10 @@ def bench_sb3(n: int, steps: int, motion: str) -> float:
     def one() -> None:
         venv.step(rng.uniform(-0.1, 0.1, (n, 29)).astype(np.float32))
 
-    return n * steps / _time(one, steps)
+    return n * steps / _time(one, steps, repeats)
 
 
-def bench_mujoco(n: int, steps: int, substeps: int = 4) -> float:
+def bench_mujoco(n: int, steps: int, substeps: int = 4, repeats: int = 3) -> float:
     import mujoco
 
     from bcg.robots.g1 import DEFAULT_JOINT_POS, SCENE_PATH, default_qpos
@@ -77,23 +84,28 @@ def bench_mujoco(n: int, steps: int, substeps: int = 4) -> float:
             for _ in range(substeps):
                 mujoco.mj_step(m, d)
 
-    return n * steps / _time(one, max(1, steps // 2))
+    k = max(1, steps // 2)
+    return n * k / _time(one, k, repeats)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--repeats", type=int, default=3, help="timed blocks per number (the best is printed)")
+    p.add_argument("--threads", type=int, default=2,
+                   help="torch intra-op threads (on a shared 2-core machine 1 is often faster: no spinning barriers)")
     p.add_argument("--motion", default="run")
     args = p.parse_args()
-    torch.set_num_threads(min(2, torch.get_num_threads()))
+    r = max(1, args.repeats)
+    torch.set_num_threads(max(1, min(args.threads, torch.get_num_threads())))
     print(f"{'N':>5} {'vec no-grad':>12} {'vec diff+bwd':>13} {'SB3 adapter':>12} {'MuJoCo loop':>12}   "
           "ratios to MuJoCo (no-grad / diff / SB3)")
     for n in args.sizes:
-        ng = bench_vector(n, args.steps, args.motion, False)
-        df = bench_vector(n, max(3, args.steps // 3), args.motion, True)
-        sb = bench_sb3(n, args.steps, args.motion)
-        mj = bench_mujoco(n, args.steps)
+        ng = bench_vector(n, args.steps, args.motion, False, r)
+        df = bench_vector(n, max(3, args.steps // 3), args.motion, True, r)
+        sb = bench_sb3(n, args.steps, args.motion, r)
+        mj = bench_mujoco(n, args.steps, repeats=r)
         print(f"{n:>5} {ng:>12.0f} {df:>13.0f} {sb:>12.0f} {mj:>12.0f}   "
               f"{ng / mj:.2f} / {df / mj:.2f} / {sb / mj:.2f}", flush=True)
     print("units: environment (control) steps per second, 50 Hz control, 4 substeps of 5 ms")

@@ -175,6 +175,14 @@ def test_every_config_field_has_a_docstring() -> None:
     assert len(dataclasses.fields(config.EnvConfig)) >= 15
 
 
+def test_tyro_exposes_the_config() -> None:
+    import tyro
+
+    cfg = tyro.cli(EnvConfig, args=["--kappa", "100", "--max-episode-steps", "50", "--motion-file", "jump",
+                                    "--no-autoreset"])
+    assert cfg == EnvConfig(kappa=100.0, max_episode_steps=50, motion_file="jump", autoreset=False)
+
+
 def test_clear_errors_for_counts_steps_and_seeds(motion_path: Path) -> None:
     env = make(motion_path, np.int64(2))  # numpy integers are counts too
     assert env.num_envs == 2 and type(env.num_envs) is int

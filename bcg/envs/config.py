@@ -60,9 +60,9 @@ def check_count(name: str, value: Any, minimum: int = 1) -> int:
 class EnvConfig:
     """Every option of the G1 tracking environments (``BCG-G1-{Run,Jump,Fight,Dance}-v0``)."""
 
-    motion_file: Any = None
-    """Reference: a packaged clip name (run, jump, fight, dance), a file path (.npz / .csv), or a
-    :class:`bcg.motion.Motion` at the control period. None: the environment id's own clip."""
+    motion_file: str | None = None
+    """Reference: a packaged clip name (run, jump, fight, dance) or a file path (.npz / .csv); a pathlib.Path or a
+    bcg.motion.Motion at the control period are accepted too. None: the environment id's own clip."""
     motion_fps: float | None = None
     """Frame rate of the motion file [Hz] (None: what the file or its name says; see bcg.motion.formats)."""
     motion_format: Literal["auto", "lafan1", "g1moves", "npz"] = "auto"
@@ -83,7 +83,7 @@ class EnvConfig:
     """Half-widths of the observation noise (applied only when domain randomisation turns the noise on)."""
     reward: str | Callable[..., Any] = "tracking"
     """"tracking" (bcg.envs.rewards.TrackingReward) or a callable reward(sim, ref, ctx) -> [N]."""
-    action_scale: Any = None
+    action_scale: float | tuple[float, ...] | None = None
     """s_a of q_des = q_default + offset + s_a tanh(a), scalar or [29] [rad]. None: per joint, the distance from
     the default pose to its farther joint limit divided by tanh(0.9), so that every target inside the joint range
     is reached with |a| <= 0.9 (plus the default-pose offset of domain randomisation)."""
