@@ -13,7 +13,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from test_env_common import write_synthetic_motion
+from test_env_common import synthetic_qpos, write_synthetic_motion
 
 from bcg.envs.config import EnvConfig
 from bcg.envs.randomization import DomainRandomization
@@ -243,7 +243,7 @@ def test_episode_starts_with_the_action_of_the_reference_pose(motion_path: Path)
     rew_env = env.step(s.prev_actions)[1]
     f = TrackingReward()
     ref = env.ref_features(env.frame)
-    sim = env._features(env.q, env.qd)
+    sim = env.features()
     torch.testing.assert_close(rew_env, f(sim, ref, StepContext(s.prev_actions, s.prev_actions, None)))
     zero = f(sim, ref, StepContext(torch.zeros(3, 29), s.prev_actions, None))
     assert (rew_env > zero).all()
@@ -301,21 +301,37 @@ def test_contact_peak_force_and_penetration_in_info(motion_path: Path) -> None:
 def test_reference_and_simulated_features_come_from_one_function(motion_path: Path) -> None:
     """At a reset (no randomisation) the robot stands in the reference state: its features, through the env's
     feature function, equal the motion's reference features; the 233-D ADD vectors agree too."""
-    from bcg.motion.features import disc_features
-
     env = make(motion_path, 4)
     env.reset(seed=2)
     s = env.state
-    sim = env._features(s.q, s.qd)
     ref = env.ref_features(s.frame)
     lifted = (s.q[:, 2] - env.motion.qpos[s.frame, 2]).abs().max()
     assert lifted < 1e-6  # the synthetic clip starts on the ground: no lift
-    for a, b in zip(sim, ref, strict=True):
+    for a, b in zip(env.features(), ref, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=2e-5)
-    phi_sim = disc_features(sim, env._features.joint_axes)
     phi_ref = env.motion.disc_features_at(s.frame.double() * env.motion.dt)
-    torch.testing.assert_close(phi_sim, phi_ref, rtol=0, atol=2e-5)
+    torch.testing.assert_close(env.disc_features(), phi_ref, rtol=0, atol=2e-5)
     # one step later the simulated robot has moved away from its reference by a measurable amount
     env.step(s.prev_actions)
-    later = disc_features(env._features(env.q, env.qd), env._features.joint_axes)
-    assert 0 < float((later - env.motion.disc_features_at(env.frame.double() * env.motion.dt)).abs().max()) < 5.0
+    gap = (env.disc_features() - env.motion.disc_features_at(env.frame.double() * env.motion.dt)).abs().max()
+    assert 0 < float(gap) < 5.0
+
+
+def test_motion_file_errors_and_rates_reach_the_env(motion_path: Path, tmp_path: Path) -> None:
+    from bcg.motion import Motion, MotionFormatError
+
+    with pytest.raises(FileNotFoundError, match=r"neither a packaged clip \(run, jump, fight, dance\)"):
+        G1TrackingVectorEnv(1, "walk")
+    q = synthetic_qpos(1.0, dt=1 / 60)  # 1 s recorded at 60 FPS
+    clip = Motion.from_qpos(q, 1 / 60)
+    plain = clip.save(tmp_path / "clip.npz")  # NPZ: the rate is in the file
+    assert G1TrackingVectorEnv(1, str(plain)).motion.num_frames == 51
+    csv = tmp_path / "recorded.csv"
+    np.savetxt(csv, np.concatenate([q[:, :3], q[:, [4, 5, 6, 3]], q[:, 7:]], 1), delimiter=",")  # no rate in it
+    with pytest.raises(MotionFormatError, match="cannot tell the frame rate"):
+        G1TrackingVectorEnv(1, str(csv))
+    assert G1TrackingVectorEnv(1, str(csv), motion_fps=60).motion.num_frames == 51  # 1 s at 50 Hz
+    assert G1TrackingVectorEnv(1, str(csv), motion_format="g1moves").motion.num_frames == 51
+    g1moves_name = tmp_path / "B_Recorded.csv"
+    g1moves_name.write_text(csv.read_text())
+    assert G1TrackingVectorEnv(1, str(g1moves_name)).motion.num_frames == 51  # G1 Moves name: 60 FPS, not 30

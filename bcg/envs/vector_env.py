@@ -292,6 +292,21 @@ class G1TrackingVectorEnv(VectorEnv):
         """Cut the autograd graph at the current state (the start of a new differentiable window)."""
         self._state = self._state.detach()
 
+    @property
+    def feature_fn(self) -> FeatureFn:
+        """The :class:`bcg.motion.FeatureFn` that turns states into :class:`Features` (also used for the reference)."""
+        return self._features
+
+    def features(self, state: EnvState | None = None) -> Features:
+        """Simulated :class:`Features` of ``state`` (default: the current state), differentiable in its q and qd."""
+        s = self._state if state is None else state
+        return self._features(s.q, s.qd)
+
+    def disc_features(self, state: EnvState | None = None) -> torch.Tensor:
+        """233-D ADD discriminator features [N, 233] of ``state`` (default: the current state); compare them with
+        ``env.motion.disc_features_at(times)`` of the reference (:func:`bcg.motion.disc_features`)."""
+        return self._features.disc(self.features(state))
+
     def ref_features(self, frame: torch.Tensor) -> Features:
         """Reference :class:`Features` at integer motion frames ``frame`` [N] (clamped to the clip)."""
         return self._ref.rows(frame.clamp(0, self.num_frames - 1))
