@@ -165,8 +165,9 @@ def test_config_and_keywords_are_equivalent(motion_path: Path) -> None:
 
 def test_every_config_field_has_a_docstring() -> None:
     from bcg.envs import config
+    from bcg.envs.rewards import TrackingReward
 
-    for cls in (config.EnvConfig, config.ObservationNoise, DomainRandomization):
+    for cls in (config.EnvConfig, config.ObservationNoise, DomainRandomization, TrackingReward):
         body = ast.parse(inspect.getsource(cls)).body[0].body
         documented = {a.target.id for a, d in zip(body, body[1:], strict=False)
                       if isinstance(a, ast.AnnAssign) and isinstance(d, ast.Expr) and isinstance(d.value, ast.Constant)}
@@ -218,6 +219,18 @@ def test_every_reference_target_is_reachable(clip: str) -> None:
         worst = max(worst, float(a.abs().max()))
         torch.testing.assert_close(env.action_to_target(a, off), targets, rtol=0, atol=2e-5)
     assert worst < 1.0, f"{clip}: a reference target needs |a| = {worst:.3f}"
+
+
+def test_real_clip_targets_are_reachable() -> None:
+    """The G1 Moves clips of the development workspace (../shared/motions/g1_moves), where present."""
+    folder = Path(__file__).resolve().parents[2] / "shared" / "motions" / "g1_moves"
+    files = sorted(folder.glob("*.csv"))
+    if not files:
+        pytest.skip(f"no G1 Moves clips at {folder}")
+    for f in files:
+        env = G1TrackingVectorEnv(1, str(f))
+        a = env.target_to_action(env.motion.qpos[:, 7:], torch.full((env.num_frames, 29), 0.01))
+        assert float(a.abs().max()) < 1.0, f.name
 
 
 def test_joint_limits_reachable_inside_the_action_box() -> None:
