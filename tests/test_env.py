@@ -157,23 +157,24 @@ def test_unstable_state_is_reset_before_the_simulator(motion_path: Path, monkeyp
     """A state beyond bcg.sim.MAX_SPEED (or NaN) never reaches the simulator: the env resets it first and counts it."""
     import bcg.sim
 
-    env = make_vec(motion_path, 3)
+    env = make_vec(motion_path, 4)
     env.reset(seed=3)
-    env.step(torch.zeros(3, 29))
+    env.step(torch.zeros(4, 29))
     q, qd = env.get_state()
     qd = qd.clone()
     qd[0, 10] = 1.01 * bcg.sim.MAX_SPEED  # too fast for the simulator
     q = q.clone()
     q[2, 5] = float("nan")
+    q[1, 3:7] = 0.0  # a zero root quaternion, which the simulator refuses too
     env.set_state(q, qd)
     seen = []
     real = bcg.sim.step
     monkeypatch.setattr(bcg.sim, "step", lambda m, q, qd, *a: seen.append(float(qd.abs().max())) or real(m, q, qd, *a))
-    obs, rew, term, trunc, info = env.step(torch.zeros(3, 29))
+    obs, rew, term, trunc, info = env.step(torch.zeros(4, 29))
     assert seen and seen[0] < bcg.sim.MAX_SPEED
-    assert info["unstable_reset"].tolist() == [True, False, True] and info["num_unstable"] == 2
-    assert env.nonfinite_count == 2 and torch.isfinite(obs).all() and torch.isfinite(rew).all()
-    assert env.episode_steps.tolist() == [1, 2, 1]  # envs 0 and 2 began new episodes before this step
+    assert info["unstable_reset"].tolist() == [True, True, True, False] and info["num_unstable"] == 3
+    assert env.nonfinite_count == 3 and torch.isfinite(obs).all() and torch.isfinite(rew).all()
+    assert env.episode_steps.tolist() == [1, 1, 1, 2]  # envs 0-2 began new episodes before this step
 
 
 def test_diverged_step_terminates_and_blocks_gradient(motion_path: Path) -> None:

@@ -348,3 +348,17 @@ def test_motion_file_errors_and_rates_reach_the_env(motion_path: Path, tmp_path:
     g1moves_name = tmp_path / "B_Recorded.csv"
     g1moves_name.write_text(csv.read_text())
     assert G1TrackingVectorEnv(1, str(g1moves_name)).motion.num_frames == 51  # G1 Moves name: 60 FPS, not 30
+
+
+def test_transition_never_passes_an_unstable_row_to_the_simulator(motion_path: Path) -> None:
+    import bcg.sim
+
+    env = make(motion_path, 2)
+    env.reset(seed=0)
+    s = env.state
+    qd = s.qd.clone()
+    qd[1, 7] = 10 * bcg.sim.MAX_SPEED
+    with torch.no_grad():
+        nxt, rew, term, trunc, _ = env.transition(dataclasses.replace(s, qd=qd), torch.zeros(2, 29))
+    assert term.tolist() == [False, True] and rew[1] == 0 and rew[0] > 0
+    assert torch.isfinite(nxt.q).all() and float(nxt.qd[1].abs().max()) == 0.0

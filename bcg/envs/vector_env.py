@@ -80,10 +80,12 @@ class _GradMask(torch.autograd.Function):
         return g, None
 
 
-def _max_speed() -> float:
+def _sim_bounds() -> tuple[float, float]:
+    """(largest |qd| entry, largest |root position| component) the simulator accepts, read at call time."""
     import bcg.sim
+    from bcg.sim.bridge import MAX_ROOT_POSITION
 
-    return float(bcg.sim.MAX_SPEED)
+    return float(bcg.sim.MAX_SPEED), float(MAX_ROOT_POSITION)
 
 
 def _check_seed(seed: Any) -> int | None:
@@ -390,11 +392,15 @@ class G1TrackingVectorEnv(VectorEnv):
         return _hash32(keys + 0x5BD1E995) & 0x7FFFFFFF
 
     def _unstable(self, s: EnvState) -> torch.Tensor:
-        """[N] bool: rows whose state is non-finite, |q| > state_limit or |qd| > bcg.sim.MAX_SPEED."""
+        """[N] bool: rows the simulator would refuse or that diverged: non-finite, |q| > state_limit, a root position
+        beyond bcg.sim's bound, a (near) zero root quaternion, or |qd| > bcg.sim.MAX_SPEED."""
+        max_speed, max_pos = _sim_bounds()
         with torch.no_grad():
             q, qd = s.q.detach(), s.qd.detach()
             ok = torch.isfinite(q).all(1) & torch.isfinite(qd).all(1)
-            ok &= (q.abs().amax(1) <= self.state_limit) & (qd.abs().amax(1) <= min(self.state_limit, _max_speed()))
+            ok &= (q.abs().amax(1) <= self.state_limit) & (q[:, 0:3].abs().amax(1) <= max_pos)
+            ok &= q[:, 3:7].norm(dim=1) >= 1e-6
+            ok &= qd.abs().amax(1) <= min(self.state_limit, max_speed)
             return ~ok
 
     # ------------------------------------------------------------------------------------------------ observation
