@@ -9,6 +9,7 @@ restore environments. ``env_id`` records which environment of the vector env a r
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,7 @@ from bcg.sim.physics import Physics
 __all__ = ["EnvState"]
 
 
-def _map(x: Any, fn) -> Any:
+def _map(x: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if x is None:
         return None
     if isinstance(x, Physics):
@@ -64,7 +65,7 @@ class EnvState:
     def num_envs(self) -> int:
         return int(self.q.shape[0])
 
-    def map(self, fn) -> EnvState:
+    def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> EnvState:
         """A state with ``fn`` applied to every tensor (Physics fields included)."""
         return EnvState(**{f.name: _map(getattr(self, f.name), fn) for f in dataclasses.fields(self)})
 
