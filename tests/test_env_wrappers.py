@@ -62,8 +62,15 @@ def _run(code: str, cwd: Path, **env_vars: str) -> subprocess.CompletedProcess:
 def test_headless_rendering_without_mujoco_gl(tmp_path: Path) -> None:
     """No MUJOCO_GL set, no display: check_env with rendering, two rgb_array envs rendering twice, make_vec."""
     r = _run("""
+        import sys
         import gymnasium as gym, bcg
         from gymnasium.utils.env_checker import check_env
+        from bcg.envs.rendering import GhostRenderer, RenderingUnavailableError
+        try:
+            GhostRenderer(64, 48).close()
+        except RenderingUnavailableError as e:
+            print("UNAVAILABLE", e)
+            sys.exit(0)
         check_env(gym.make("BCG-G1-Run-v0", render_mode="rgb_array").unwrapped)
         a = gym.make("BCG-G1-Run-v0", render_mode="rgb_array"); a.reset(seed=0)
         b = gym.make("BCG-G1-Jump-v0", render_mode="rgb_array"); b.reset(seed=0)
@@ -74,6 +81,8 @@ def test_headless_rendering_without_mujoco_gl(tmp_path: Path) -> None:
         print("OK", [f.shape for f in frames], min(float(f.std()) for f in frames))
     """, tmp_path)
     assert r.returncode == 0, r.stderr[-2000:]
+    if r.stdout.startswith("UNAVAILABLE"):
+        pytest.skip(f"no headless OpenGL on this machine: {r.stdout[:300]}")
     assert "OK [(480, 640, 3)" in r.stdout
 
 
