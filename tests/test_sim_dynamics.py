@@ -58,7 +58,7 @@ def test_forward_kinematics_matches_mujoco(g1_model, g1_mj):
 
 def test_contact_free_rollout_follows_mujoco_euler(g1_model, g1_mj):
     """Robot in the air, gravity, no actuation: 0.5 s against MuJoCo's Euler integrator at the same h."""
-    model = g1_model.with_gains(kp=np.zeros(g1_model.nu), kd=np.zeros(g1_model.nu))
+    model = g1_model.with_gains(kp=np.zeros(g1_model.nu), kd=np.zeros(g1_model.nu)).without_joint_limits()
     m = mujoco.MjModel.from_xml_path(g1_model.mjcf_path)
     m.opt.integrator = mujoco.mjtIntegrator.mjINT_EULER
     m.opt.timestep = model.params.dt

@@ -18,6 +18,10 @@ from bcg.sim import kernels as K
 from bcg.sim.engine import StepArrays, run_control_step, substep_launches
 
 KERNELS = ["fk_rnea", "composite", "mass_tau", "factor_free", "contact_setup", "pgs", "apply_integrate"]
+KERNEL_TOLERANCE = {  # about 2-3x the largest relative error measured over seeds 0-3
+    "fk_rnea": 5e-3, "composite": 2e-3, "mass_tau": 3e-4, "factor_free": 1.5e-3, "contact_setup": 3e-3,
+    "pgs": 5e-4, "apply_integrate": 2e-3,
+}
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +30,7 @@ def contact_substep(g1_model):
     rng = np.random.default_rng(0)
     n = 2
     q = np.tile(g1.default_qpos(), (n, 1))
-    q[:, 2] -= 0.002  # 2 mm into the ground
+    q[:, 2] -= 0.0025  # 2.5 mm into the ground (no sphere within 0.3 mm of the Baumgarte kink at d = 0)
     q[:, 7:] += rng.normal(scale=0.05, size=(n, 29))
     qd = rng.normal(scale=0.2, size=(n, g1_model.nv))
     targets = np.tile(g1.DEFAULT_JOINT_POS, (n, 1)) + rng.normal(scale=0.1, size=(n, 29))
@@ -34,6 +38,8 @@ def contact_substep(g1_model):
     for dst, src in ((arrs.q[0], q), (arrs.qd[0], qd), (arrs.targets, targets)):
         wp.copy(dst, wp.array(src.astype(np.float32), dtype=float))
     run_control_step(g1_model, arrs)
+    # the finite differences below must not straddle the kink of max(d, 0) in the Baumgarte term
+    assert np.abs(arrs.sub[0]["depth"].numpy()).min() > 3e-4
     return arrs
 
 
@@ -53,7 +59,7 @@ def _rebuild(a: wp.array, values: np.ndarray, requires_grad: bool) -> wp.array:
                     requires_grad=requires_grad)
 
 
-def _check_kernel(model, arrs, name: str, seed: int) -> None:
+def _check_kernel(model, arrs, name: str, seed: int) -> float:
     launch = next(lc for lc in substep_launches(model, arrs, 0) if lc.kernel.key.endswith(name))
     owned = _step_arrays(arrs)
     rng = np.random.default_rng(seed)
@@ -62,7 +68,7 @@ def _check_kernel(model, arrs, name: str, seed: int) -> None:
     # element-wise relative directions keep H and L positive definite and respect each entry's own scale
     dirs = {i: rng.normal(size=base[i].shape) * (np.abs(base[i]) + 1e-3 * np.abs(base[i]).max() + 1e-9)
             for i in var_idx}
-    weights = [rng.normal(size=_as_np(o).shape) for o in launch.outputs]
+    weights: list[np.ndarray] = []
 
     def run(delta: float, with_tape: bool):
         inputs = list(launch.inputs)
@@ -80,6 +86,10 @@ def _check_kernel(model, arrs, name: str, seed: int) -> None:
         return value, tape, inputs, outputs
 
     _, tape, inputs, outputs = run(0.0, True)
+    # each output array weighted by the inverse of its own scale (from zero-initialised outputs: the step's own
+    # scratch holds garbage where a kernel does not write), so that float32 rounding of the largest outputs does
+    # not drown the finite differences of the small ones
+    weights += [rng.normal(size=_as_np(o).shape) / (np.abs(_as_np(o)).max() + 1e-9) for o in outputs]
     tape.backward(grads={o: wp.array(w.astype(np.float32), dtype=o.dtype, shape=o.shape)
                          for o, w in zip(outputs, weights)})
     analytic = sum(float((_as_np(inputs[i].grad) * dirs[i]).sum()) for i in var_idx)
@@ -87,11 +97,12 @@ def _check_kernel(model, arrs, name: str, seed: int) -> None:
     for eps in (1e-3, 3e-4, 1e-4):
         fd = (run(eps, False)[0] - run(-eps, False)[0]) / (2 * eps)
         errors.append(abs(fd - analytic) / max(abs(analytic), 1e-6))
-    assert min(errors) < 1e-2, f"{name}: analytic {analytic:.6g}, relative FD errors {errors}"
+    assert min(errors) < KERNEL_TOLERANCE[name], f"{name}: analytic {analytic:.6g}, relative FD errors {errors}"
+    return min(errors)
 
 
 @pytest.mark.parametrize("name", KERNELS)
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_kernel_adjoint_matches_finite_differences(g1_model, contact_substep, name, seed):
     _check_kernel(g1_model, contact_substep, name, seed)
 
@@ -108,19 +119,6 @@ def test_loop_carried_value_is_reloaded_before_nonlinear_use():
     np.testing.assert_allclose(x.grad.numpy(), [12.0, 12.0, 12.0])
 
 
-def test_loop_carried_trap_documented():
-    """The trap itself (kept so that a Warp upgrade that fixes or changes it is noticed): the naive pattern's
-    adjoint differs from the true gradient 12. If this starts failing, Warp fixed the trap and the store-and-reload
-    workaround may be dropped."""
-    x = wp.array([1.0, 2.0, 3.0], dtype=float, requires_grad=True)
-    y = wp.zeros(1, dtype=float, requires_grad=True)
-    tape = wp.Tape()
-    with tape:
-        wp.launch(K.sum_squares_carried, dim=1, inputs=[x, 3, y])
-    tape.backward(grads={y: wp.array([1.0], dtype=float)})
-    assert not np.allclose(x.grad.numpy(), 12.0)
-
-
 def test_off_diagonal_mass_matrix_gradient_through_ancestor_table(g1_model):
     """SIM_NOTES 9.2: a `while` walk up the tree silently drops the off-diagonal dH/dq terms. Our ancestor-table
     walk must give the gradient of an off-diagonal entry (hip pitch / knee coupling) of the float64 oracle."""
@@ -135,6 +133,7 @@ def test_off_diagonal_mass_matrix_gradient_through_ancestor_table(g1_model):
     arrs = SA(g1_model, 1, requires_grad=True)
     wp.copy(arrs.q[0], wp.from_torch(q.float()))
     wp.copy(arrs.qd[0], wp.zeros((1, g1_model.nv), dtype=float))
+    wp.copy(arrs.targets, wp.from_torch(torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32)[None]))
     tape = wp.Tape()
     with tape:
         for launch in substep_launches(g1_model, arrs, 0)[:3]:

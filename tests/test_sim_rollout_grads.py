@@ -29,6 +29,10 @@ def _targets(model, generator: torch.Generator) -> torch.Tensor:
         return torch.where(inside, 0.5 * (1 - torch.cos(2 * math.pi * (t - t0) / (t1 - t0))), torch.zeros_like(t))
 
     names = list(g1.JOINT_NAMES)
+    for side in ("left", "right"):
+        # knees bent 0.15 rad: the default pose has them straight, 0.087 rad from their hard stop, where the
+        # target noise would press them into the joint limit (tests/test_sim_limits.py covers limit gradients)
+        base[0, :, names.index(f"{side}_knee_joint")] += 0.15
     for side, (t0, t1) in (("left", (0.16, 0.48)), ("right", (0.40, 0.64))):
         lift = bump(t0, t1)
         base[0, :, names.index(f"{side}_hip_pitch_joint")] += -0.4 * lift
@@ -78,7 +82,8 @@ def test_rollout_gradient_matches_finite_differences(g1_model, kappa):
     fd = _reference_fd(model, targets, dirs, eps=1e-5)
     scale = analytic.abs().max()
     assert scale > 1e-3
-    assert ((analytic - fd).abs() / scale).max() < 1e-2, (analytic, fd)
+    # measured: 4.4e-6 / 2.6e-6 / 1.3e-5 at kappa 50 / 100 / 300
+    assert ((analytic - fd).abs() / scale).max() < 5e-5, (analytic, fd)
 
 
 def test_warp_gradient_equals_float64_reference_gradient(g1_model):
@@ -90,7 +95,7 @@ def test_warp_gradient_equals_float64_reference_gradient(g1_model):
     q0 = torch.tensor(g1.default_qpos())[None]
     _loss(_rollout(reference.step, g1_model, q0, torch.zeros(1, g1_model.nv, dtype=torch.float64), tg)).sum().backward()
     rel = (grad_wp - tg.grad).norm() / tg.grad.norm()
-    assert rel < 1e-3, rel
+    assert rel < 5e-5, rel  # measured 1.5e-5
 
 
 @pytest.mark.parametrize("kappa", [50.0, 300.0])
@@ -110,5 +115,6 @@ def test_warp_trajectory_equals_float64_reference(g1_model, kappa):
             worst_q = max(worst_q, float((q_w.double() - q_r).abs().max()))
             worst_imp = max(worst_imp, float((rep_w.impulse.double() - rep_r.impulse).abs().max()))
     weight_impulse = model.total_mass * 9.81 * model.params.control_dt
-    assert worst_q < 1e-4, worst_q
-    assert worst_imp < 1e-4 * weight_impulse, worst_imp
+    # measured: q 9.0e-7 / 1.4e-6, impulses 1.2e-5 / 2.3e-5 of m g dt at kappa 50 / 300
+    assert worst_q < 5e-6, worst_q
+    assert worst_imp < 7e-5 * weight_impulse, worst_imp

@@ -49,7 +49,10 @@ class ModelArrays:
     dof_damping: wp.array
     dof_actuator: wp.array
     dof_no_actuator: wp.array
+    dof_no_limit: wp.array
     dof_zero: wp.array
+    dof_limited: wp.array  # [nv] int 0/1
+    dof_range: wp.array  # [nv] vec2 (lower, upper) [rad]
     kp: wp.array
     kd: wp.array
     mu: wp.array  # [1]
@@ -91,7 +94,10 @@ def _build_arrays(model: SimModel) -> ModelArrays:
         dof_damping=f32(model.dof_damping[None]),
         dof_actuator=i32(model.dof_actuator),
         dof_no_actuator=i32(np.full(model.nv, -1)),
+        dof_no_limit=i32(np.zeros(model.nv)),
         dof_zero=f32(np.zeros((1, model.nv))),
+        dof_limited=i32(model.dof_limited.astype(np.int32)),
+        dof_range=f32(np.where(model.dof_limited[:, None], model.dof_range, 0.0), wp.vec2),
         kp=f32(model.kp[None]),
         kd=f32(model.kd[None]),
         mu=f32(np.array([model.params.mu])),
@@ -271,13 +277,14 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool
         Launch(K.mass_tau,
                [q, qd, arrs.targets, m.dof_body, m.dof_ancestors, m.dof_ancestor_count, ph["dof_armature"],
                 m.dof_zero if terms_only else ph["dof_damping"], m.dof_no_actuator if terms_only else m.dof_actuator,
-                ph["kp"], ph["kd"], m.torque_limit, 0.0 if terms_only else p.dt, s["S"], s["IC_O"], s["IC_h"],
-                s["IC_m"], s["F_sub"]],
+                m.dof_no_limit if terms_only else m.dof_limited, m.dof_range, ph["kp"], ph["kd"], m.torque_limit,
+                p.limit_kappa, p.limit_impedance, p.beta, 0.0 if terms_only else p.dt,
+                s["S"], s["IC_O"], s["IC_h"], s["IC_m"], s["F_sub"]],
                [s["H"], s["tau"]]),
         Launch(K.factor_free, [qd, s["H"], s["tau"], m.dof_ancestors, m.dof_ancestor_count, m.dof_subtree_end, p.dt],
                [s["L"], s["L_tmp"], s["y"], s["y_tmp"], s["x"], s["x_tmp"], s["v_free"]]),
         Launch(K.contact_setup,
-               [s["X_w"], s["S"], m.sphere_body, m.sphere_pos, m.sphere_radius, m.sphere_foot, m.foot_body,
+               [q, s["X_w"], s["S"], m.sphere_body, m.sphere_pos, m.sphere_radius, m.sphere_foot, m.foot_body,
                 m.body_last_dof, m.dof_ancestors, m.dof_ancestor_count, s["L"], s["v_free"], p.kappa, p.beta, p.dt],
                [s["J_foot"], s["foot_twist"], s["Y"], s["Y_tmp"], s["Lam"], s["G"], s["P"], s["A"], s["w"],
                 s["s_act"], s["depth"]]),

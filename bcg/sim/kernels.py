@@ -2,8 +2,11 @@
 
 The algorithm is the one of :mod:`bcg.sim.reference` (read that module for the maths). One substep is seven
 launches: ``fk_rnea`` -> ``composite`` -> ``mass_tau`` -> ``factor_free`` -> ``contact_setup`` -> ``pgs`` ->
-``apply_integrate``. Spatial vectors are (angular, linear) about the world origin; Warp quaternions are x, y, z, w
-inside the kernels, while the state arrays ``q`` keep MuJoCo's w, x, y, z.
+``apply_integrate``. Spatial vectors are (angular, linear) about a point that moves with the robot, the root
+position o = q[0:3]; body placements ``X_w`` are relative to o (the ground plane is z = -q[2] there). Only differences of
+nearby positions then enter float32 arithmetic, so the dynamics are the same 3 km from the world origin as at it
+(inertias about the world origin lose 1e-4 of the mass matrix at 30 m). Warp quaternions are x, y, z, w inside the
+kernels, while the state arrays ``q`` keep MuJoCo's w, x, y, z.
 
 Autodiff discipline (docs: SIM_NOTES.md section 9). Every loop bound is a run-time value, so Warp does not unroll
 the loops, and its adjoint of a dynamic loop does not replay loop-carried values. Therefore:
@@ -22,6 +25,13 @@ import warp as wp
 
 wp.config.quiet = True
 
+ROOT_NQ = wp.constant(7)  # qpos entries of the free root (position, quaternion w x y z); hinges follow
+ROOT_NV = wp.constant(6)  # qvel entries of the free root (linear world, angular body); hinges follow
+# Violations beyond these are pushed out no faster than at this depth: the Baumgarte rate beta * d / h grows without
+# bound otherwise (a root 1 m under the floor left at 70 m/s, a hinge 100 rad past its limit at 1e7 rad/s).
+PUSH_OUT_DEPTH = wp.constant(0.05)  # [m]
+PUSH_OUT_ANGLE = wp.constant(0.25)  # [rad]
+
 __all__ = [
     "fk_rnea",
     "composite",
@@ -30,7 +40,6 @@ __all__ = [
     "contact_setup",
     "pgs",
     "apply_integrate",
-    "sum_squares_carried",
     "sum_squares_reloaded",
 ]
 
@@ -89,7 +98,8 @@ def fk_rnea(
     h_w: wp.array2d(dtype=wp.vec3),
     f_b: wp.array2d(dtype=wp.spatial_vector),
 ):
-    """Forward kinematics, motion subspaces S [N, nv], twists, bias accelerations and RNEA body forces.
+    """Forward kinematics (relative to o, see the module docstring), motion subspaces S [N, nv], twists, bias
+    accelerations and RNEA body forces.
 
     Physical parameters (mass, COM, inertia) are [P, nb] with P = 1 (shared) or N (one row per environment).
     """
@@ -102,7 +112,7 @@ def fk_rnea(
         a = wp.spatial_vector()
         if i == 0:
             r = wp.normalize(wp.quat(q[e, 4], q[e, 5], q[e, 6], q[e, 3]))
-            p0 = wp.vec3(q[e, 0], q[e, 1], q[e, 2])
+            p0 = wp.vec3()  # the root is the origin o of the spatial coordinates
             X = wp.transform(p0, r)
             v_lin = wp.vec3(qd[e, 0], qd[e, 1], qd[e, 2])
             omega = wp.quat_rotate(r, wp.vec3(qd[e, 3], qd[e, 4], qd[e, 5]))
@@ -117,12 +127,12 @@ def fk_rnea(
         else:
             par = body_parent[i]
             X_j = wp.transform(body_pos[i], body_quat[i]) * wp.transform(
-                wp.vec3(), wp.quat_from_axis_angle(body_axis[i], q[e, 6 + i]))
+                wp.vec3(), wp.quat_from_axis_angle(body_axis[i], q[e, ROOT_NQ - 1 + i]))
             X = X_w[e, par] * X_j
             a_w = wp.quat_rotate(wp.transform_get_rotation(X), body_axis[i])
             S_i = wp.spatial_vector(a_w, wp.cross(wp.transform_get_translation(X), a_w))
-            S[e, 5 + i] = S_i
-            v_j = S_i * qd[e, 5 + i]
+            S[e, ROOT_NV - 1 + i] = S_i
+            v_j = S_i * qd[e, ROOT_NV - 1 + i]
             v = v_b[e, par] + v_j
             a = a_b[e, par] + crossm(v, v_j)
         X_w[e, i] = X
@@ -172,6 +182,25 @@ def composite(
         F_sub[e, i] = f
 
 
+@wp.func
+def soft_saturation(u: float, limit: float):
+    """Actuator torque law tau = u / (1 + (u / L)^4)^(1/4), smooth everywhere and tending to the limit L.
+
+    Returns (torque, d torque / d u); d torque / d u = (1 + (u / L)^4)^(-5/4), so the implicit stiffness is smooth too.
+    """
+    x = u / limit
+    x2 = x * x
+    base = 1.0 + x2 * x2
+    return wp.vec2(u * wp.pow(base, -0.25), wp.pow(base, -1.25))
+
+
+@wp.func
+def limit_absorption(violation: float, kappa: float, impedance: float):
+    """Joint-limit stiffness ratio g = a / (1 - a) for the absorbed fraction a = impedance * sigmoid(kappa r)."""
+    a = impedance * sigmoid(kappa * violation)
+    return a / (1.0 - a)
+
+
 @wp.kernel
 def mass_tau(
     q: wp.array2d(dtype=float),
@@ -183,9 +212,14 @@ def mass_tau(
     dof_armature: wp.array2d(dtype=float),
     dof_damping: wp.array2d(dtype=float),
     dof_actuator: wp.array(dtype=int),
+    dof_limited: wp.array(dtype=int),
+    dof_range: wp.array(dtype=wp.vec2),
     kp: wp.array2d(dtype=float),
     kd: wp.array2d(dtype=float),
     torque_limit: wp.array(dtype=float),
+    limit_kappa: float,
+    limit_impedance: float,
+    beta: float,
     dt: float,
     S: wp.array2d(dtype=wp.spatial_vector),
     IC_O: wp.array2d(dtype=wp.mat33),
@@ -196,10 +230,12 @@ def mass_tau(
     H: wp.array3d(dtype=float),
     tau: wp.array2d(dtype=float),
 ):
-    """Mass matrix H [N, nv, nv] (armature, implicit damping and PD on the diagonal) and the force tau [N, nv].
+    """Mass matrix H [N, nv, nv] (armature, implicit damping, PD and joint limits on the diagonal) and the force
+    tau [N, nv].
 
     H must arrive zeroed: only the entries of ancestor pairs are written. Armature, damping and gains are [P, nv]
-    / [P, nu] with P = 1 (shared) or N (per environment).
+    / [P, nu] with P = 1 (shared) or N (per environment). Every term is linearly implicit in the new velocity
+    qd+: a force f(qd+) ~ f(qd) + f'(qd) (qd+ - qd) puts f(qd) into tau and -dt f'(qd) on the diagonal of H.
     """
     e = wp.tid()
     pe = e % dof_armature.shape[0]
@@ -212,22 +248,36 @@ def mass_tau(
         h_diag = dof_armature[pe, a] + dt * dof_damping[pe, a]
         u = -wp.dot(S_a, F_sub[e, i]) - dof_damping[pe, a] * qd[e, a]
         act = dof_actuator[a]
+        qa = float(0.0)
+        if a >= ROOT_NV:
+            qa = q[e, a + 1]
         if act >= 0:
-            # linearly implicit PD: tau(qd+) = kp (q* - q - dt qd+) - kd qd+, i.e. H += dt kd + dt^2 kp. A
-            # saturated actuator delivers a constant torque, so it adds no implicit stiffness.
+            # PD on the end-of-step position: u = kp (q* - q - dt qd+) - kd qd+, then the soft saturation
             k_p = kp[pg, act]
             k_d = kd[pg, act]
-            pd = k_p * (targets[e, act] - q[e, a + 1] - dt * qd[e, a]) - k_d * qd[e, a]
-            lim = torque_limit[act]
-            if pd > lim:
-                pd = lim
-            elif pd < -lim:
-                pd = -lim
-            else:
-                h_diag = h_diag + dt * (k_d + dt * k_p)
-            u = u + pd
+            pd = k_p * (targets[e, act] - qa - dt * qd[e, a]) - k_d * qd[e, a]
+            sat = soft_saturation(pd, torque_limit[act])
+            u = u + sat[0]
+            h_diag = h_diag + sat[1] * dt * (k_d + dt * k_p)
+        h_aa = wp.dot(S_a, F) + h_diag
+        if dof_limited[a] != 0:
+            # Joint limit as an implicit damper towards a reference velocity: with g = a / (1 - a) the new
+            # velocity of a lone joint is (1 - a) qd_free + a v_ref, MuJoCo's soft-constraint mix at d = a. The
+            # activation reads the position predicted at the end of the substep, so a fast joint is caught before
+            # it crosses the limit; v_ref backs a violation out at the Baumgarte rate beta r / h and is zero inside
+            # the range, so the damper never pulls a joint towards its limit.
+            lo_hi = dof_range[a]
+            r_hi = qa - lo_hi[1]
+            r_lo = lo_hi[0] - qa
+            g_hi = limit_absorption(r_hi + dt * qd[e, a], limit_kappa, limit_impedance)
+            g_lo = limit_absorption(r_lo - dt * qd[e, a], limit_kappa, limit_impedance)
+            v_hi = -beta * wp.clamp(r_hi, 0.0, PUSH_OUT_ANGLE) / dt
+            v_lo = beta * wp.clamp(r_lo, 0.0, PUSH_OUT_ANGLE) / dt
+            c = h_aa / dt  # g * c * dt = g * h_aa
+            u = u - g_hi * c * (qd[e, a] - v_hi) - g_lo * c * (qd[e, a] - v_lo)
+            h_aa = h_aa * (1.0 + g_hi + g_lo)
         tau[e, a] = u
-        H[e, a, a] = wp.dot(S_a, F) + h_diag
+        H[e, a, a] = h_aa
         for k in range(dof_ancestor_count[a]):
             b = dof_ancestors[a, k]
             h_ab = wp.dot(S[e, b], F)
@@ -308,6 +358,7 @@ def factor_free(
 
 @wp.kernel
 def contact_setup(
+    q: wp.array2d(dtype=float),
     X_w: wp.array2d(dtype=wp.transform),
     S: wp.array2d(dtype=wp.spatial_vector),
     sphere_body: wp.array(dtype=int),
@@ -358,11 +409,12 @@ def contact_setup(
                 J_foot[e, 6 * f + m6, b] = S_b[m6]
             t = t + S_b * v_free[e, b]
         foot_twist[e, f] = t
+    z_root = q[e, 2]
     for c in range(nc):
         f = sphere_foot[c]
         rad = sphere_radius[c]
         pc = wp.transform_point(X_w[e, sphere_body[c]], sphere_pos[c])
-        d = rad - pc[2]
+        d = rad - (pc[2] + z_root)
         depth[e, c] = d
         s_act[e, c] = sigmoid(kappa * d)
         p = wp.vec3(pc[0], pc[1], pc[2] - rad)
@@ -374,7 +426,7 @@ def contact_setup(
             G[e, r] = G_r
             w_r = wp.dot(G_r, foot_twist[e, f])
             if k == 0:
-                w_r = w_r - beta * wp.max(d, 0.0) / dt
+                w_r = w_r - beta * wp.clamp(d, 0.0, PUSH_OUT_DEPTH) / dt
             w[e, r] = w_r
     # Y = L^-T J_foot^T: solving L^T Y_r = J_r^T only touches the foot's own chain (Y is zero elsewhere)
     for r in range(6 * nf):
@@ -554,23 +606,15 @@ def apply_integrate(
     q_out[e, 4] = nx * inv
     q_out[e, 5] = ny * inv
     q_out[e, 6] = nz * inv
-    for a in range(6, nv):
+    for a in range(ROOT_NV, nv):
         q_out[e, a + 1] = q[e, a + 1] + dt * qd_out[e, a]
 
 
-# Regression kernels for the loop-carried-variable pitfall (SIM_NOTES.md 9.1): y = (sum x)^2.
-@wp.kernel
-def sum_squares_carried(x: wp.array(dtype=float), n: int, y: wp.array(dtype=float)):
-    """The *wrong* pattern, kept to test that the pitfall still exists: the adjoint sees the pre-loop value."""
-    s = float(0.0)
-    for k in range(n):
-        s = s + x[k]
-    y[0] = s * s
-
-
+# Regression kernel for the loop-carried-variable pitfall (docs/simulator.md, "Warp autodiff rules"): y = (sum x)^2
+# with the store-and-reload pattern used throughout this module.
 @wp.kernel
 def sum_squares_reloaded(x: wp.array(dtype=float), n: int, tmp: wp.array(dtype=float), y: wp.array(dtype=float)):
-    """The pattern used throughout this module: store the carried value, re-load it, then use it non-linearly."""
+    """Store the carried value, re-load it, then use it non-linearly: the adjoint is then 2 sum(x)."""
     s = float(0.0)
     for k in range(n):
         s = s + x[k]

@@ -23,7 +23,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ContactParams", "MAX_SPEED", "SimModel", "load_model", "UnsupportedModelError"]
+__all__ = ["ContactParams", "MAX_SPEED", "ROOT_NQ", "ROOT_NV", "SimModel", "load_model", "UnsupportedModelError"]
+
+ROOT_NQ = 7
+"""qpos entries of the floating root: position (3) and quaternion w, x, y, z (4); hinge angles follow."""
+ROOT_NV = 6
+"""qvel entries of the floating root: linear velocity, world frame (3), angular velocity, body frame (3)."""
 
 MAX_SPEED = 200.0
 """Largest |qvel| entry (m/s or rad/s) :func:`bcg.sim.step` accepts; faster states are outside the range where the
@@ -50,15 +55,29 @@ class ContactParams:
     """Physics substeps per control step."""
     dt: float = 0.005
     """Physics substep h [s]; the control period is substeps * dt."""
+    limit_kappa: float = 50.0
+    """Stiffness of the joint-limit activation s(r) = sigmoid(limit_kappa * r), r = the violation predicted at the end
+    of the substep [rad] (positive past the limit); unit 1/rad."""
+    limit_impedance: float = 0.99
+    """Largest fraction of a limited joint's free velocity that the limit absorbs per substep (MuJoCo's solimp
+    d_max); must lie in (0, 1)."""
 
     def __post_init__(self) -> None:
+        def is_int(x: Any) -> bool:
+            return isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+
+        def finite(x: Any) -> bool:
+            return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x)
+
         checks = {
-            "kappa": self.kappa > 0 and math.isfinite(self.kappa),
-            "beta": 0 <= self.beta <= 1,
-            "mu": self.mu >= 0 and math.isfinite(self.mu),
-            "iterations": self.iterations >= 1,
-            "substeps": self.substeps >= 1,
-            "dt": self.dt > 0 and math.isfinite(self.dt),
+            "kappa": finite(self.kappa) and self.kappa > 0,
+            "beta": finite(self.beta) and 0 <= self.beta <= 1,
+            "mu": finite(self.mu) and self.mu >= 0,
+            "iterations": is_int(self.iterations) and self.iterations >= 1,
+            "substeps": is_int(self.substeps) and self.substeps >= 1,
+            "dt": finite(self.dt) and self.dt > 0,
+            "limit_kappa": finite(self.limit_kappa) and self.limit_kappa > 0,
+            "limit_impedance": finite(self.limit_impedance) and 0 < self.limit_impedance < 1,
         }
         expected = {
             "kappa": "a finite value > 0 [1/m]",
@@ -67,6 +86,8 @@ class ContactParams:
             "iterations": "an integer >= 1",
             "substeps": "an integer >= 1",
             "dt": "a finite value > 0 [s]",
+            "limit_kappa": "a finite value > 0 [1/rad]",
+            "limit_impedance": "a value in (0, 1)",
         }
         for name, ok in checks.items():
             if not ok:
@@ -110,6 +131,8 @@ class SimModel:
     kp: np.ndarray  # [nu] position gain [N m/rad]
     kd: np.ndarray  # [nu] velocity gain [N m s/rad]
     torque_limit: np.ndarray  # [nu] [N m], inf if unlimited
+    dof_limited: np.ndarray  # [nv] bool: the hinge has a position range (MuJoCo jnt_limited)
+    dof_range: np.ndarray  # [nv, 2] lower and upper position limit [rad] (-inf, inf where unlimited)
     sphere_body: np.ndarray  # [nc] int
     sphere_pos: np.ndarray  # [nc, 3] centre in the body frame [m]
     sphere_radius: np.ndarray  # [nc] [m]
@@ -127,11 +150,11 @@ class SimModel:
 
     @property
     def nq(self) -> int:
-        return 7 + self.nb - 1
+        return ROOT_NQ + self.nb - 1
 
     @property
     def nv(self) -> int:
-        return 6 + self.nb - 1
+        return ROOT_NV + self.nb - 1
 
     @property
     def nu(self) -> int:
@@ -149,6 +172,10 @@ class SimModel:
         """A copy with some :class:`ContactParams` fields replaced (shares the tree arrays)."""
         params = dataclasses.replace(self.params, **changes)
         return dataclasses.replace(self, params=params, warp=None)
+
+    def without_joint_limits(self) -> SimModel:
+        """A copy whose hinges ignore their position limits (for comparisons with MuJoCo's ``mjDSBL_LIMIT``)."""
+        return dataclasses.replace(self, warp=None, dof_limited=np.zeros_like(self.dof_limited))
 
     def with_gains(self, kp: np.ndarray | None = None, kd: np.ndarray | None = None,
                    torque_limit: np.ndarray | None = None) -> SimModel:
@@ -283,6 +310,14 @@ def model_from_mujoco(m: Any, device: str = "cpu", params: ContactParams | None 
         if m.jnt_actfrclimited[jnt]:
             limit[a] = min(limit[a], abs(m.jnt_actfrcrange[jnt, 1]), abs(m.jnt_actfrcrange[jnt, 0]))
 
+    dof_limited = np.zeros(nv, bool)
+    dof_range = np.tile(np.array([-np.inf, np.inf]), (nv, 1))
+    for b in range(1, nb):
+        jnt = m.body_jntadr[b + 1]
+        if m.jnt_limited[jnt]:
+            dof_limited[ROOT_NV + b - 1] = True
+            dof_range[ROOT_NV + b - 1] = m.jnt_range[jnt]
+
     s_body, s_pos, s_rad = _contact_spheres(m)
     foot_body = np.unique(s_body)
     s_foot = np.searchsorted(foot_body, s_body)
@@ -313,6 +348,8 @@ def model_from_mujoco(m: Any, device: str = "cpu", params: ContactParams | None 
         kp=kp,
         kd=kd,
         torque_limit=limit,
+        dof_limited=dof_limited,
+        dof_range=dof_range,
         sphere_body=s_body,
         sphere_pos=s_pos,
         sphere_radius=s_rad,
