@@ -79,8 +79,10 @@ def sigmoid(x: float):
 
 @wp.kernel
 def fk_rnea(
+    # state in
     q: wp.array2d(dtype=float),
     qd: wp.array2d(dtype=float),
+    # model (physical parameters [P, ...], P = 1 or N)
     body_parent: wp.array(dtype=int),
     body_pos: wp.array(dtype=wp.vec3),
     body_quat: wp.array(dtype=wp.quat),
@@ -89,7 +91,7 @@ def fk_rnea(
     body_com: wp.array2d(dtype=wp.vec3),
     body_inertia: wp.array2d(dtype=wp.mat33),
     gravity: wp.vec3,
-    # outputs
+    # outputs (each written once per substep)
     X_w: wp.array2d(dtype=wp.transform),
     S: wp.array2d(dtype=wp.spatial_vector),
     v_b: wp.array2d(dtype=wp.spatial_vector),
@@ -151,12 +153,14 @@ def fk_rnea(
 
 @wp.kernel
 def composite(
+    # model
     body_mass: wp.array2d(dtype=float),
     body_subtree_end: wp.array(dtype=int),
+    # from fk_rnea
     IO_w: wp.array2d(dtype=wp.mat33),
     h_w: wp.array2d(dtype=wp.vec3),
     f_b: wp.array2d(dtype=wp.spatial_vector),
-    # outputs
+    # outputs (each written once per substep)
     IC_O: wp.array2d(dtype=wp.mat33),
     IC_h: wp.array2d(dtype=wp.vec3),
     IC_m: wp.array2d(dtype=float),
@@ -203,9 +207,11 @@ def limit_absorption(violation: float, kappa: float, impedance: float):
 
 @wp.kernel
 def mass_tau(
+    # state in
     q: wp.array2d(dtype=float),
     qd: wp.array2d(dtype=float),
     targets: wp.array2d(dtype=float),
+    # model (physical parameters [P, ...], P = 1 or N)
     dof_body: wp.array(dtype=int),
     dof_ancestors: wp.array2d(dtype=int),
     dof_ancestor_count: wp.array(dtype=int),
@@ -217,16 +223,18 @@ def mass_tau(
     kp: wp.array2d(dtype=float),
     kd: wp.array2d(dtype=float),
     torque_limit: wp.array(dtype=float),
+    # parameters
     limit_kappa: float,
     limit_impedance: float,
     beta: float,
     dt: float,
+    # from fk_rnea and composite
     S: wp.array2d(dtype=wp.spatial_vector),
     IC_O: wp.array2d(dtype=wp.mat33),
     IC_h: wp.array2d(dtype=wp.vec3),
     IC_m: wp.array2d(dtype=float),
     F_sub: wp.array2d(dtype=wp.spatial_vector),
-    # outputs
+    # outputs (each written once per substep)
     H: wp.array3d(dtype=float),
     tau: wp.array2d(dtype=float),
 ):
@@ -296,14 +304,17 @@ def chain_dof(a0: int, c: int, dof_ancestors: wp.array2d(dtype=int)):
 
 @wp.kernel
 def factor_free(
+    # state in
     qd: wp.array2d(dtype=float),
+    # from mass_tau
     H: wp.array3d(dtype=float),
     tau: wp.array2d(dtype=float),
+    # model
     dof_ancestors: wp.array2d(dtype=int),
     dof_ancestor_count: wp.array(dtype=int),
     dof_subtree_end: wp.array(dtype=int),
     dt: float,
-    # outputs
+    # outputs (each written once per substep)
     L: wp.array3d(dtype=float),
     L_tmp: wp.array3d(dtype=float),
     y: wp.array2d(dtype=float),
@@ -358,9 +369,12 @@ def factor_free(
 
 @wp.kernel
 def contact_setup(
+    # state in
     q: wp.array2d(dtype=float),
+    # from fk_rnea
     X_w: wp.array2d(dtype=wp.transform),
     S: wp.array2d(dtype=wp.spatial_vector),
+    # model
     sphere_body: wp.array(dtype=int),
     sphere_pos: wp.array(dtype=wp.vec3),
     sphere_radius: wp.array(dtype=float),
@@ -369,12 +383,14 @@ def contact_setup(
     body_last_dof: wp.array(dtype=int),
     dof_ancestors: wp.array2d(dtype=int),
     dof_ancestor_count: wp.array(dtype=int),
+    # from factor_free
     L: wp.array3d(dtype=float),
     v_free: wp.array2d(dtype=float),
+    # parameters
     kappa: float,
     beta: float,
     dt: float,
-    # outputs
+    # outputs (each written once per substep)
     J_foot: wp.array3d(dtype=float),
     foot_twist: wp.array2d(dtype=wp.spatial_vector),
     Y: wp.array3d(dtype=float),
@@ -474,14 +490,16 @@ def contact_setup(
 
 @wp.kernel
 def pgs(
+    # from contact_setup
     A: wp.array3d(dtype=float),
     w: wp.array2d(dtype=float),
     s_act: wp.array2d(dtype=float),
     depth: wp.array2d(dtype=float),
+    # model and parameters
     mu: wp.array(dtype=float),
     iterations: int,
     substep: int,
-    # outputs
+    # outputs (each written once per substep)
     lam: wp.array3d(dtype=float),
     residual: wp.array3d(dtype=float),
     impulse: wp.array3d(dtype=float),
@@ -540,18 +558,21 @@ def pgs(
 
 @wp.kernel
 def apply_integrate(
+    # state in
     q: wp.array2d(dtype=float),
+    # from factor_free, contact_setup and pgs
     v_free: wp.array2d(dtype=float),
     Y: wp.array3d(dtype=float),
     G: wp.array2d(dtype=wp.spatial_vector),
     L: wp.array3d(dtype=float),
     lam: wp.array3d(dtype=float),
+    # model
     sphere_foot: wp.array(dtype=int),
     dof_ancestors: wp.array2d(dtype=int),
     dof_ancestor_count: wp.array(dtype=int),
     iterations: int,
     dt: float,
-    # outputs
+    # outputs (each written once per substep)
     foot_impulse: wp.array2d(dtype=wp.spatial_vector),
     z: wp.array2d(dtype=float),
     dv_tmp: wp.array2d(dtype=float),
