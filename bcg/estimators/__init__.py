@@ -1,0 +1,29 @@
+"""Gradient estimators: how one control step of a batched environment becomes a differentiable transition.
+
+``ESTIMATORS`` maps names to estimator classes (frozen dataclasses of hyperparameters); ``make(name, **params)``
+builds one; ``register`` and the ``bcg.estimators`` entry-point group let other packages add their own. An
+estimator is used as the env's transition function (``est.attach(env)`` or ``env.transition_fn = est``) and reports
+per call how many environments it branched, how many branches it simulated and how many non-finite ones it dropped
+(``est.last_stats``). Built in: ``bptt`` (plain autograd, one branch) and ``grs`` (global randomized smoothing).
+See ``docs/estimators.md``.
+"""
+
+from __future__ import annotations
+
+from bcg.estimators.base import Estimator, EstimatorStats
+from bcg.estimators.registry import ENTRY_POINT_GROUP, ESTIMATORS, describe, make, register
+
+__all__ = ["BPTT", "ENTRY_POINT_GROUP", "ESTIMATORS", "Estimator", "EstimatorStats", "GRS", "describe", "make",
+           "register"]
+
+
+def __getattr__(name: str):
+    if name == "BPTT":
+        from bcg.estimators.bptt import BPTT
+
+        return BPTT
+    if name == "GRS":
+        from bcg.estimators.grs import GRS
+
+        return GRS
+    raise AttributeError(f"module 'bcg.estimators' has no attribute {name!r}")

@@ -1,0 +1,237 @@
+"""The estimator protocol: how a gradient estimator plugs into an environment's transition function, and the
+batched branch utilities (repeat, NaN-robust quaternion-safe mean, per-row gradient mask) the estimators share.
+
+An estimator is a frozen dataclass of its hyperparameters (one docstring per field) deriving from
+:class:`Estimator`. An instance *is* a :class:`bcg.envs.TransitionFn`: ``env.transition_fn = est`` (or
+``est.attach(env)``) makes every control step of the env go through it. It turns one control step of a batch of
+rows into a differentiable transition by calling an *inner* transition function (default
+:func:`bcg.envs.simulator_step`, i.e. :func:`bcg.sim.step`) on branches of those rows, and records per call an
+:class:`EstimatorStats` (``est.last_stats``, and their sum ``est.total_stats``). Estimators never launch Warp kernels
+themselves; all physics goes through the inner function. Mutable run-time data (random generators, counters, open
+bundles) lives beside the frozen fields, so two estimators with the same fields compare equal.
+"""
+
+from __future__ import annotations
+
+import abc
+import ast
+import dataclasses
+import inspect
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from bcg.sim.physics import Physics
+from bcg.sim.reference import ContactReport
+
+__all__ = ["Estimator", "EstimatorStats", "RowGradMask", "branch_mean", "field_docs", "repeat_physics"]
+
+
+@dataclass(frozen=True)
+class EstimatorStats:
+    """What one estimator call did (or, summed, many calls)."""
+
+    calls: int = 0
+    """Transition calls."""
+    envs: int = 0
+    """Rows (environments) the calls received."""
+    envs_triggered: int = 0
+    """Rows that were expanded into perturbed branches."""
+    branches_simulated: int = 0
+    """Rows the inner transition function simulated (branches of triggered rows plus the untriggered rows)."""
+    nonfinite_dropped: int = 0
+    """Branches dropped from a mean because their next state was non-finite or too fast."""
+    envs_all_nonfinite: int = 0
+    """Rows all of whose branches were dropped: returned as NaN, so the environment terminates and resets them."""
+
+    def __add__(self, other: EstimatorStats) -> EstimatorStats:
+        return EstimatorStats(*(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)))
+
+    def as_dict(self) -> dict[str, int]:
+        return dataclasses.asdict(self)
+
+
+class _Runtime:
+    """Mutable companion of a frozen estimator: inner transition function, generators, counters."""
+
+    def __init__(self) -> None:
+        self.inner: Any = None
+        self.generators: dict[str, torch.Generator] = {}
+        self.last_stats = EstimatorStats()
+        self.total_stats = EstimatorStats()
+        self.seed_override: int | None = None
+
+
+@dataclass(frozen=True)
+class Estimator(abc.ABC):
+    """Base of every gradient estimator (subclasses are frozen dataclasses of hyperparameters).
+
+    Subclasses implement :meth:`_transition`; callers use the instance as the env's transition function.
+    """
+
+    name = ""  # set by bcg.estimators.register (a class attribute, not a field)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_rt", _Runtime())
+
+    # ---------------------------------------------------------------------------------------- plugging in
+
+    def __call__(self, model: Any, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
+                 physics: Physics | None = None, *, env_ids: torch.Tensor | None = None, state: Any = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
+        """One control step of ``q.shape[0]`` rows (the :class:`bcg.envs.TransitionFn` signature)."""
+        q1, qd1, contact, stats = self._transition(model, q, qd, targets, physics, env_ids=env_ids, state=state)
+        rt = self._rt
+        rt.last_stats = stats
+        rt.total_stats = rt.total_stats + stats
+        return q1, qd1, contact
+
+    @abc.abstractmethod
+    def _transition(self, model: Any, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
+                    physics: Physics | None, *, env_ids: torch.Tensor | None, state: Any
+                    ) -> tuple[torch.Tensor, torch.Tensor, ContactReport, EstimatorStats]:
+        """``(q_next, qd_next, contact, stats)`` of one control step (differentiable as torch's grad mode says)."""
+
+    def attach(self, env: Any) -> Any:
+        """Make ``env`` (a vector env with a ``transition_fn`` attribute) step through this estimator; returns env."""
+        if not hasattr(env, "transition_fn"):
+            raise TypeError(f"{type(env).__name__} has no transition_fn to replace (expected a bcg vector env)")
+        env.transition_fn = self
+        return env
+
+    @property
+    def inner(self) -> Any:
+        """The transition function that simulates the branches (default :func:`bcg.envs.simulator_step`)."""
+        if self._rt.inner is None:
+            from bcg.envs.transition import simulator_step
+
+            return simulator_step
+        return self._rt.inner
+
+    def set_inner(self, fn: Any) -> Estimator:
+        """Simulate branches with ``fn`` (a :class:`bcg.envs.TransitionFn`; None restores the default); returns self."""
+        if fn is not None and not callable(fn):
+            raise TypeError(f"inner transition function must be callable, got {type(fn).__name__}")
+        self._rt.inner = fn
+        return self
+
+    def _call_inner(self, model: Any, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
+                    physics: Physics | None, env_ids: torch.Tensor | None, state: Any):
+        return self.inner(model, q, qd, targets, physics, env_ids=env_ids, state=state)
+
+    # ---------------------------------------------------------------------------------------- randomness, stats
+
+    def generator(self, device: torch.device | str) -> torch.Generator:
+        """The estimator's dedicated generator on ``device`` (seeded from the ``seed`` field, or :meth:`reset`'s)."""
+        device = torch.device(device)
+        key = str(device)
+        gens = self._rt.generators
+        if key not in gens:
+            seed = self._rt.seed_override if self._rt.seed_override is not None else int(getattr(self, "seed", 0))
+            gens[key] = torch.Generator(device=device).manual_seed(seed)
+        return gens[key]
+
+    def reset(self, seed: int | None = None) -> None:
+        """Restart the random draws (from ``seed``, default the ``seed`` field) and clear the counters."""
+        rt = self._rt
+        rt.seed_override = seed
+        rt.generators.clear()
+        rt.last_stats = EstimatorStats()
+        rt.total_stats = EstimatorStats()
+
+    @property
+    def last_stats(self) -> EstimatorStats:
+        """Statistics of the most recent call."""
+        return self._rt.last_stats
+
+    @property
+    def total_stats(self) -> EstimatorStats:
+        """Statistics summed over all calls since construction or :meth:`reset`."""
+        return self._rt.total_stats
+
+
+# -------------------------------------------------------------------------------------------- branch utilities
+
+
+class RowGradMask(torch.autograd.Function):
+    """Identity whose backward zeroes the rows flagged in ``holder["drop"]`` (a [M] bool filled after the forward).
+
+    Placed on a branch's simulator inputs, it keeps a dropped (non-finite) branch's adjoint, which can itself be
+    non-finite, out of the gradient of the other branches and of the nominal state.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, holder: dict) -> torch.Tensor:  # type: ignore[override]
+        ctx.holder = holder
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
+        drop = ctx.holder.get("drop")
+        if drop is not None and bool(drop.any()):
+            g = torch.where(drop.reshape(-1, *([1] * (g.dim() - 1))), torch.zeros_like(g), g)
+        return g, None
+
+
+def repeat_physics(physics: Physics | None, repeats: int) -> Physics | None:
+    """Every environment's Physics row repeated ``repeats`` times (rows ``[0, 0, ..., 1, 1, ...]``)."""
+    if physics is None:
+        return None
+    return Physics(*(t.repeat_interleave(repeats, dim=0) for t in physics))
+
+
+def first_kept(keep: torch.Tensor) -> torch.Tensor:
+    """[n] index of the first kept branch of every row of ``keep`` [n, B] (0 where none is kept)."""
+    return keep.to(torch.int8).argmax(1)
+
+
+def branch_mean(x: torch.Tensor, weights: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Weighted mean over the branch dimension of ``x`` [n, B, d] with ``weights`` [n, B] (summing to 1 over the
+    kept branches) and ``keep`` [n, B]; dropped branches contribute neither value nor gradient, even when
+    non-finite.
+
+    Computed as ``x_r + sum_i w_i (x_i - x_r)`` about the first kept branch r, which equals the arithmetic mean and
+    returns ``x_r`` bit for bit when all kept branches are equal (zero perturbations reproduce the nominal step
+    exactly instead of up to the rounding of a sum and a division).
+    """
+    zero = torch.zeros((), dtype=x.dtype, device=x.device)
+    xz = torch.where(keep[..., None], x, zero)
+    r = first_kept(keep)
+    ref = xz.gather(1, r[:, None, None].expand(-1, 1, x.shape[-1]))  # [n, 1, d]
+    diff = torch.where(keep[..., None], xz - ref, zero)
+    return ref[:, 0] + (weights[..., None].to(x.dtype) * diff).sum(1)
+
+
+def quat_mean_wxyz(quat: torch.Tensor, weights: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """Sign-aligned, renormalised weighted mean [n, 4] of quaternions ``quat`` [n, B, 4] (w, x, y, z): every branch is
+    flipped into the hemisphere of the first kept branch r, averaged (:func:`branch_mean`) and scaled to the norm of
+    branch r (unit for unit inputs), so equal branches return branch r bit for bit."""
+    r = first_kept(keep)
+    with torch.no_grad():
+        ref = torch.nan_to_num(quat.gather(1, r[:, None, None].expand(-1, 1, 4)))
+        sign = torch.where((quat.nan_to_num() * ref).sum(-1, keepdim=True) < 0, -1.0, 1.0).to(quat.dtype)
+    qs = quat * sign
+    m = branch_mean(qs, weights, keep)
+    ref_norm = torch.linalg.norm(qs.gather(1, r[:, None, None].expand(-1, 1, 4))[:, 0].nan_to_num(), dim=-1,
+                                 keepdim=True)
+    return m * (ref_norm / torch.linalg.norm(m, dim=-1, keepdim=True).clamp(min=1e-12))
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """Attribute docstrings (the string literal under each field) of a dataclass and its bases."""
+    docs: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(klass)))
+        except (OSError, TypeError, SyntaxError):
+            continue
+        body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+        for a, b in zip(body, body[1:]):
+            if (isinstance(a, ast.AnnAssign) and isinstance(a.target, ast.Name) and isinstance(b, ast.Expr)
+                    and isinstance(b.value, ast.Constant) and isinstance(b.value.value, str)):
+                docs[a.target.id] = " ".join(b.value.value.split())
+    return docs
