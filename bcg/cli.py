@@ -240,8 +240,27 @@ MOTION_COMMANDS: dict[str, type] = {
 }
 """``bcg motions ...`` subcommands."""
 
+@dataclass
+class EstimatorsList:
+    """List the registered gradient estimators (built-ins and plugins) with their parameters."""
+
+    def run(self) -> int:
+        from bcg.estimators import ESTIMATORS, describe
+
+        for name in ESTIMATORS:
+            doc = " ".join((ESTIMATORS[name].__doc__ or "").strip().split("\n\n")[0].split())
+            print(f"{name}: {doc}")
+            for field, typ, default, fdoc in describe(name):
+                print(f"    {field}: {typ} = {default!r}  {fdoc}")
+        return 0
+
+
+ESTIMATOR_COMMANDS: dict[str, type] = {"list": EstimatorsList}
+"""``bcg estimators ...`` subcommands."""
+
 COMMANDS: dict[str, type | dict[str, type]] = {
     "bench": Bench,
+    "estimators": ESTIMATOR_COMMANDS,
     "motions": MOTION_COMMANDS,
 }
 """Top-level commands: a dataclass (a command) or a dict of them (a group)."""

@@ -90,9 +90,9 @@ def test_register_decorator() -> None:
         ESTIMATORS._classes.pop("test-null", None)
 
 
-def test_entry_point_plugin(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_entry_point_plugin(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
     """A distribution installed on sys.path that declares a ``bcg.estimators`` entry point shows up in the registry
-    (the class is registered under the entry point's name without importing anything by hand)."""
+    and in ``bcg estimators list`` (registered under the entry point's name without importing anything by hand)."""
     (tmp_path / "bcg_test_plugin.py").write_text(textwrap.dedent('''
         from dataclasses import dataclass
         from bcg.estimators import Estimator, EstimatorStats
@@ -118,6 +118,12 @@ def test_entry_point_plugin(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
         assert "plugin-est" in ESTIMATORS and "broken-est" not in ESTIMATORS
         est = make("plugin-est", gain=2.0)
         assert type(est).__name__ == "Plugin" and est.gain == 2.0
+        from bcg.cli import main
+
+        assert main(["estimators", "list"]) == 0
+        out = capsys.readouterr().out
+        assert "plugin-est:" in out and "gain: float = 1.0  a parameter" in out
+        assert "grs: Global randomized smoothing" in out and "sigma_q: float = 0.02" in out and "bptt:" in out
     finally:
         ESTIMATORS._classes.pop("plugin-est", None)
         sys.modules.pop("bcg_test_plugin", None)
