@@ -18,7 +18,7 @@ from bcg.estimators.base import Estimator, EstimatorStats, RowGradMask, branch_m
 from bcg.estimators.registry import register
 from bcg.sim.reference import ContactReport
 
-__all__ = ["GRS", "mean_of_branches"]
+__all__ = ["GRS", "average_branches", "expand", "joint_gaussian_offsets", "mean_of_branches", "usable"]
 
 
 @register("grs")
@@ -60,27 +60,10 @@ class GRS(Estimator):
 
     def sample(self, model, q: torch.Tensor, qd: torch.Tensor, generator: torch.Generator
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Joint-space offsets ``(dq [n, B, nh], dqd [n, B, nh])`` for the n rows of ``q``, ``qd`` (detached),
-        clamped so that no perturbed angle leaves the joint range (or goes further beyond it than the nominal angle)
-        and no perturbed rate exceeds :data:`bcg.sim.MAX_SPEED`."""
-        import bcg.sim
-
-        n, B = int(q.shape[0]), self.branches
-        nh = int(q.shape[1]) - 7
-        dev, dt = q.device, q.dtype
-        half = B // 2 if self.antithetic else B
-        z = torch.randn(n, half, 2, nh, generator=generator, device=dev, dtype=dt)
-        if self.antithetic:
-            z = torch.cat([z, -z], 1)
-        dq, dqd = z[:, :, 0] * self.sigma_q, z[:, :, 1] * self.sigma_qd
-        with torch.no_grad():
-            qh, qdh = q.detach()[:, None, 7:], qd.detach()[:, None, 6:]
-            rng = torch.as_tensor(model.dof_range[6:], dtype=dt, device=dev)
-            lo, hi = torch.minimum(rng[:, 0], qh), torch.maximum(rng[:, 1], qh)
-            dq = torch.minimum(torch.maximum(qh + dq, lo), hi) - qh
-            vmax = float(bcg.sim.MAX_SPEED)
-            dqd = (qdh + dqd).clamp(-vmax, vmax) - qdh
-        return dq, dqd
+        """Joint-space offsets ``(dq [n, B, nh], dqd [n, B, nh])`` for the rows of ``q``, ``qd`` (see
+        :func:`joint_gaussian_offsets`)."""
+        return joint_gaussian_offsets(model, q, qd, self.branches, self.sigma_q, self.sigma_qd, self.antithetic,
+                                      generator)
 
     # ---------------------------------------------------------------------------------------- transition
 
@@ -92,6 +75,31 @@ class GRS(Estimator):
         stats = EstimatorStats(calls=1, envs=n, envs_triggered=n, branches_simulated=n * B,
                                nonfinite_dropped=dropped, envs_all_nonfinite=all_bad)
         return q1, qd1, contact, stats
+
+
+def joint_gaussian_offsets(model, q: torch.Tensor, qd: torch.Tensor, branches: int, sigma_q: float, sigma_qd: float,
+                           antithetic: bool, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Detached joint-space Gaussian offsets ``(dq [n, B, nh], dqd [n, B, nh])`` (nh hinges) for the n rows of ``q``,
+    ``qd``, clamped so that no perturbed angle leaves the joint range (or goes further beyond it than the nominal
+    angle) and no perturbed rate exceeds :data:`bcg.sim.MAX_SPEED`; ``antithetic`` draws pairs (d, -d)."""
+    import bcg.sim
+
+    n, B = int(q.shape[0]), branches
+    nh = int(q.shape[1]) - 7
+    dev, dt = q.device, q.dtype
+    half = B // 2 if antithetic else B
+    z = torch.randn(n, half, 2, nh, generator=generator, device=dev, dtype=dt)
+    if antithetic:
+        z = torch.cat([z, -z], 1)
+    dq, dqd = z[:, :, 0] * sigma_q, z[:, :, 1] * sigma_qd
+    with torch.no_grad():
+        qh, qdh = q.detach()[:, None, 7:], qd.detach()[:, None, 6:]
+        rng = torch.as_tensor(model.dof_range[6:], dtype=dt, device=dev)
+        lo, hi = torch.minimum(rng[:, 0], qh), torch.maximum(rng[:, 1], qh)
+        dq = torch.minimum(torch.maximum(qh + dq, lo), hi) - qh
+        vmax = float(bcg.sim.MAX_SPEED)
+        dqd = (qdh + dqd).clamp(-vmax, vmax) - qdh
+    return dq, dqd
 
 
 def expand(q, qd, targets, physics, env_ids, B, dq, dqd):
@@ -112,30 +120,41 @@ def expand(q, qd, targets, physics, env_ids, B, dq, dqd):
 def mean_of_branches(est: Estimator, model, qb, qdb, tb, pb, ids, state, n: int, B: int):
     """Simulate the n * B branch rows with ``est``'s inner function and average them per environment, dropping
     non-finite branches. Returns ``(q [n, nq], qd [n, nv], contact, dropped, all_bad)``."""
-    import bcg.sim
-
     holder: dict = {}
     if torch.is_grad_enabled():
         qb, qdb, tb = (RowGradMask.apply(x, holder) for x in (qb, qdb, tb))
     bstate = None if state is None else state.repeat_interleave(B)
     q1, qd1, contact = est._call_inner(model, qb, qdb, tb, pb, ids, bstate)
+    q_mean, qd_mean, c, keep = average_branches(q1, qd1, contact, n, B)
+    holder["drop"] = ~keep.reshape(-1)
+    return q_mean, qd_mean, c, int((~keep).sum()), int((keep.sum(1) == 0).sum())
+
+
+def usable(q1: torch.Tensor, qd1: torch.Tensor) -> torch.Tensor:
+    """[M] bool: rows whose next state is finite and no faster than :data:`bcg.sim.MAX_SPEED`."""
+    import bcg.sim
+
     with torch.no_grad():
-        keep = (torch.isfinite(q1).all(1) & torch.isfinite(qd1).all(1)
+        return (torch.isfinite(q1).all(1) & torch.isfinite(qd1).all(1)
                 & (qd1.abs().amax(1) <= float(bcg.sim.MAX_SPEED)))
-        holder["drop"] = ~keep
-        keep = keep.reshape(n, B)
+
+
+def average_branches(q1: torch.Tensor, qd1: torch.Tensor, contact: ContactReport, n: int, B: int):
+    """Per-environment means of n * B simulated branch rows (branch-major inside each environment), dropping
+    unusable branches with renormalised weights; a row without a usable branch is NaN. Returns
+    ``(q [n, nq], qd [n, nv], contact, keep [n, B])``."""
+    with torch.no_grad():
+        keep = usable(q1, qd1).reshape(n, B)
         count = keep.sum(1)
         weights = keep.to(q1.dtype) / count.clamp(min=1)[:, None].to(q1.dtype)
-        dropped = int((~keep).sum())
         none = count == 0
-        all_bad = int(none.sum())
     q1, qd1 = q1.reshape(n, B, -1), qd1.reshape(n, B, -1)
     q_mean = torch.cat([branch_mean(q1[..., :3], weights, keep), quat_mean_wxyz(q1[..., 3:7], weights, keep),
                         branch_mean(q1[..., 7:], weights, keep)], -1)
     qd_mean = branch_mean(qd1, weights, keep)
     c = ContactReport(*(branch_mean(t.reshape(n, B, -1), weights, keep) for t in contact))
-    if all_bad:
+    if bool(none.any()):
         nan = torch.full((), float("nan"), dtype=q_mean.dtype, device=q_mean.device)
         q_mean = torch.where(none[:, None], nan, q_mean)
         qd_mean = torch.where(none[:, None], nan, qd_mean)
-    return q_mean, qd_mean, c, dropped, all_bad
+    return q_mean, qd_mean, c, keep
