@@ -4,8 +4,8 @@
 builds one; ``register`` and the ``bcg.estimators`` entry-point group let other packages add their own. An
 estimator is used as the env's transition function (``est.attach(env)`` or ``env.transition_fn = est``) and reports
 per call how many environments it branched, how many branches it simulated and how many non-finite ones it dropped
-(``est.last_stats``). Built in: ``bptt`` (plain autograd, one branch) and ``grs`` (global randomized smoothing).
-See ``docs/estimators.md``.
+(``est.last_stats``). Built in: ``bptt`` (plain autograd, one branch), ``grs`` (global randomized smoothing) and
+``bcg`` (Bundled Contact Gradients). See ``docs/estimators.md``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from bcg.estimators.base import Estimator, EstimatorStats
 from bcg.estimators.registry import ENTRY_POINT_GROUP, ESTIMATORS, describe, make, register
 
-__all__ = ["BPTT", "ENTRY_POINT_GROUP", "ESTIMATORS", "Estimator", "EstimatorStats", "GRS", "describe", "make",
+__all__ = ["BCG", "BPTT", "ENTRY_POINT_GROUP", "ESTIMATORS", "Estimator", "EstimatorStats", "GRS", "describe", "make",
            "register"]
 
 
@@ -22,6 +22,10 @@ def __getattr__(name: str):
         from bcg.estimators.bptt import BPTT
 
         return BPTT
+    if name == "BCG":
+        from bcg.estimators.bundled import BCG
+
+        return BCG
     if name == "GRS":
         from bcg.estimators.grs import GRS
 

@@ -148,11 +148,11 @@ def average_branches(q1: torch.Tensor, qd1: torch.Tensor, contact: ContactReport
         count = keep.sum(1)
         weights = keep.to(q1.dtype) / count.clamp(min=1)[:, None].to(q1.dtype)
         none = count == 0
-    q1, qd1 = q1.reshape(n, B, -1), qd1.reshape(n, B, -1)
+    q1, qd1 = q1.reshape(n, B, q1.shape[-1]), qd1.reshape(n, B, qd1.shape[-1])
     q_mean = torch.cat([branch_mean(q1[..., :3], weights, keep), quat_mean_wxyz(q1[..., 3:7], weights, keep),
                         branch_mean(q1[..., 7:], weights, keep)], -1)
     qd_mean = branch_mean(qd1, weights, keep)
-    c = ContactReport(*(branch_mean(t.reshape(n, B, -1), weights, keep) for t in contact))
+    c = ContactReport(*(branch_mean(t.reshape(n, B, t.shape[-1]), weights, keep) for t in contact))
     if bool(none.any()):
         nan = torch.full((), float("nan"), dtype=q_mean.dtype, device=q_mean.device)
         q_mean = torch.where(none[:, None], nan, q_mean)

@@ -26,7 +26,7 @@ ENTRY_POINT_GROUP = "bcg.estimators"
 """The entry-point group whose entries are loaded into :data:`ESTIMATORS`."""
 
 _NAME = re.compile(r"^[a-z][a-z0-9_\-]*$")
-_BUILTIN_MODULES = ("bcg.estimators.bptt", "bcg.estimators.grs")
+_BUILTIN_MODULES = ("bcg.estimators.bptt", "bcg.estimators.grs", "bcg.estimators.bundled")
 
 T = TypeVar("T", bound=type)
 

@@ -1,0 +1,156 @@
+"""The ``bcg`` estimator (Bundled Contact Gradients, issue 9): trigger never = bptt bit for bit, zero perturbation
+= bptt values bit for bit with bundles open, the lagged and rollback triggers, bundles of H steps that close at a
+reset or a restored state, window boundaries (env.detach) inside a bundle, determinism."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_estimators import N, _actions, _env, _rollout
+
+from bcg.envs import simulator_step
+from bcg.estimators import EstimatorStats, make
+from bcg.estimators.bundled import BCG
+
+
+def test_parameters_are_checked() -> None:
+    assert make("bcg") == BCG() and BCG().tau == 400.0 and BCG().branches == 10 and BCG().horizon == 2
+    for bad in ({"branches": 0}, {"horizon": 0}, {"tau": -1.0}, {"trigger": "sometimes"}, {"timing": "late"},
+                {"aggregation": "per_leg"}, {"antithetic": True, "branches": 3}):
+        with pytest.raises(ValueError):
+            BCG(**bad)
+
+
+def test_trigger_never_is_bit_identical_to_bptt() -> None:
+    plain = _rollout(_env())
+    est = make("bcg", trigger="never")
+    got = _rollout(_env(est))
+    assert torch.equal(plain[0], got[0]) and torch.equal(plain[1], got[1])
+    assert all(torch.equal(a, b) for a, b in zip(plain[2], got[2], strict=True))
+    assert est.total_stats == EstimatorStats(calls=4, envs=4 * N, branches_simulated=4 * N)
+
+
+def test_zero_perturbation_bundles_reproduce_bptt() -> None:
+    """Bundles open every step (trigger always, H = 2, B = 3) with zero offsets: values bit for bit, gradients to
+    float rounding (the branches' sensitivities are summed with weights 1/3)."""
+    plain = _rollout(_env())
+    est = make("bcg", trigger="always", branches=3, horizon=2, sigma_q=0.0, sigma_qd=0.0)
+    got = _rollout(_env(est))
+    assert torch.equal(plain[0], got[0]) and torch.equal(plain[1], got[1])
+    for a, b in zip(got[2], plain[2], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    # bundles of 2 steps back to back: new ones at steps 0 and 2, continued at 1 and 3
+    assert est.total_stats == EstimatorStats(calls=4, envs=4 * N, envs_triggered=2 * N, branches_simulated=12 * N)
+
+
+def _run(est, steps: int):
+    env = _env(est)
+    acts, rews, stats = [], [], []
+    for k in range(steps):
+        a = _actions(env, k)
+        _, rew, _, _, _ = env.step(a)
+        acts.append(a)
+        rews.append(rew)
+        stats.append(est.last_stats)
+    torch.stack(rews).sum().backward()
+    return env, torch.stack(rews).detach(), [a.grad for a in acts], stats
+
+
+def test_lagged_trigger_bundles_and_determinism() -> None:
+    """tau = 20 N: every environment is in contact at the reset, so the lagged trigger opens bundles at step 1 (none
+    at step 0, which has no previous forces); they continue at step 2 and the trigger is read again at step 3."""
+    B = 4
+    env, rew, grads, stats = _run(make("bcg", tau=20.0, branches=B, seed=3), 4)
+    assert [s.envs_triggered for s in stats] == [0, N, 0, N]
+    assert [s.branches_simulated for s in stats] == [N, N * B, N * B, N * B]
+    assert all(torch.isfinite(g).all() for g in grads) and grads[0].abs().sum() > 0
+    _, rew2, grads2, _ = _run(make("bcg", tau=20.0, branches=B, seed=3), 4)
+    assert torch.equal(rew, rew2) and all(torch.equal(a, b) for a, b in zip(grads, grads2, strict=True))
+    _, rew3, _, _ = _run(make("bcg", tau=20.0, branches=B, seed=4), 4)
+    assert not torch.equal(rew, rew3)
+    # a threshold nobody reaches never branches
+    _, _, _, quiet = _run(make("bcg", tau=1e5, branches=B), 3)
+    assert sum(s.envs_triggered for s in quiet) == 0 and all(s.branches_simulated == N for s in quiet)
+
+
+def test_rollback_trigger_and_per_foot() -> None:
+    B = 2
+    est = make("bcg", tau=20.0, branches=B, timing="rollback")
+    _, _, grads, stats = _run(est, 2)
+    assert stats[0].envs_triggered == N and stats[0].branches_simulated == N + N * B  # nominal, then the bundle
+    assert stats[1].envs_triggered == 0 and stats[1].branches_simulated == N * B      # the bundle continues
+    assert all(torch.isfinite(g).all() for g in grads)
+    env = _env()
+    env.step(torch.zeros(N, 29))
+    s = env.state
+    _, _, c = simulator_step(env.model, s.q, s.qd, env.action_to_target(torch.zeros(N, 29)))
+    point = BCG(aggregation="per_point").trigger_quantity(env.model, c)
+    foot = BCG(aggregation="per_foot").trigger_quantity(env.model, c)
+    assert (foot >= point).all() and (foot > point).any()
+
+
+def test_bundles_close_at_a_restored_state_and_survive_detach() -> None:
+    est = make("bcg", trigger="always", branches=2, horizon=3)
+    env = _env(est)
+    snap = env.state
+    env.step(_actions(env, 0))
+    assert est.open_bundles.tolist() == list(range(N))
+    env.load_state(snap)  # not the mean the estimator returned: the bundles close, new ones open
+    env.step(_actions(env, 0))
+    assert est.last_stats.envs_triggered == N
+    env.detach()          # a window boundary inside the bundles: they continue, with no graph into the old window
+    a = _actions(env, 1)
+    _, rew, _, _, _ = env.step(a)
+    assert est.last_stats.envs_triggered == 0 and est.last_stats.branches_simulated == 2 * N
+    rew.sum().backward()
+    assert torch.isfinite(a.grad).all() and a.grad.abs().sum() > 0
+    est.reset()
+    assert est.open_bundles.numel() == 0
+
+
+def test_one_row_per_environment() -> None:
+    env = _env()
+    s = env.state.repeat_interleave(2)
+    with pytest.raises(ValueError, match="one row per environment"):
+        BCG(trigger="always")(env.model, s.q, s.qd,
+                              env.action_to_target(torch.zeros(2 * N, 29), joint_offset=s.joint_offset),
+                              env_ids=s.env_id, state=s)
+
+
+def test_gradient_of_a_two_step_bundle_is_the_mean_of_branch_gradients() -> None:
+    """METHOD.md 3.9 (4) through a whole bundle (H = 2, B = 3, shared actions): autograd of a loss linear in the
+    bundle's final mean equals the mean of the gradients of the branches simulated one by one; every branch keeps its
+    own state and sensitivity across the two steps."""
+    from bcg.estimators.grs import joint_gaussian_offsets
+
+    B, seed = 3, 7
+    est = BCG(trigger="always", branches=B, horizon=2, seed=seed, sigma_q=0.05, sigma_qd=0.2)
+    env = _env(est)
+    s0 = env.state
+    a0, a1 = _actions(env, 0), _actions(env, 1)
+    s1, *_ = env.transition(s0, a0)
+    assert est.open_bundles.tolist() == list(range(N))
+    s2, *_ = env.transition(s1, a1)
+    assert est.last_stats.envs_triggered == 0 and est.open_bundles.numel() == 0
+    g = torch.Generator().manual_seed(11)
+    w_q, w_qd = torch.randn(29, generator=g), torch.randn(35, generator=g)
+
+    def loss(q, qd):
+        return (q[:, 7:] * w_q).sum() + (qd * w_qd).sum() + q[:, :3].sum()
+
+    ga0, ga1 = torch.autograd.grad(loss(s2.q, s2.qd), (a0, a1))
+    dq, dqd = joint_gaussian_offsets(env.model, s0.q, s0.qd, B, 0.05, 0.2, False, torch.Generator().manual_seed(seed))
+    per0, per1, finals = [], [], []
+    for b in range(B):  # every branch on its own (a test, not a hot path)
+        t0, t1 = env.action_to_target(a0), env.action_to_target(a1)
+        q = s0.q + torch.cat([torch.zeros(N, 7), dq[:, b]], 1)
+        qd = s0.qd + torch.cat([torch.zeros(N, 6), dqd[:, b]], 1)
+        q, qd, _ = simulator_step(env.model, q, qd, t0)
+        q, qd, _ = simulator_step(env.model, q, qd, t1)
+        finals.append(qd.detach())
+        b0, b1 = torch.autograd.grad(loss(q, qd), (a0, a1))
+        per0.append(b0)
+        per1.append(b1)
+    torch.testing.assert_close(s2.qd.detach(), torch.stack(finals).mean(0), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ga0, torch.stack(per0).mean(0), rtol=1e-3, atol=1e-4)
+    torch.testing.assert_close(ga1, torch.stack(per1).mean(0), rtol=1e-3, atol=1e-4)
