@@ -11,6 +11,7 @@ from test_estimators import N, _actions, _env, _rollout
 from bcg.envs import simulator_step
 from bcg.estimators import EstimatorStats, make
 from bcg.estimators.bundled import BCG
+from bcg.sim.reference import ContactReport
 
 
 def test_parameters_are_checked() -> None:
@@ -154,3 +155,36 @@ def test_gradient_of_a_two_step_bundle_is_the_mean_of_branch_gradients() -> None
     torch.testing.assert_close(s2.qd.detach(), torch.stack(finals).mean(0), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(ga0, torch.stack(per0).mean(0), rtol=1e-3, atol=1e-4)
     torch.testing.assert_close(ga1, torch.stack(per1).mean(0), rtol=1e-3, atol=1e-4)
+
+
+def test_antithetic_pairs_on_linear_dynamics_give_the_nominal_step() -> None:
+    """METHOD.md 3.9 (3): with a linear inner step and antithetic offsets (away from the joint limits) the branch
+    mean is the nominal next state, for grs and for a bcg bundle over both of its steps."""
+    from bcg.estimators.grs import GRS
+
+    g = torch.Generator().manual_seed(0)
+    A = torch.eye(35) + 0.01 * torch.randn(35, 35, generator=g)
+
+    def linear(model, q, qd, targets, physics=None, *, env_ids=None, state=None):
+        q1 = torch.cat([q[:, :7], q[:, 7:] + 0.02 * qd[:, 6:] + 0.001 * targets], 1)
+        z = q.new_zeros(q.shape[0], 8)
+        return q1, qd @ A.T, ContactReport(z, z, z)
+
+    env = _env()
+    s = env.state
+    q0 = s.q.clone()
+    q0[:, 7:] = 0.0  # every hinge well inside its range: no clamping
+    targets = env.action_to_target(torch.zeros(N, 29))
+    nominal = linear(env.model, q0, s.qd, targets)
+    for est in (GRS(branches=4, antithetic=True, sigma_q=0.01, sigma_qd=0.1),
+                BCG(trigger="always", branches=4, horizon=2, antithetic=True, sigma_q=0.01, sigma_qd=0.1)):
+        est.set_inner(linear)
+        q1, qd1, _ = est(env.model, q0, s.qd, targets)
+        torch.testing.assert_close(q1, nominal[0], rtol=0, atol=2e-6)
+        torch.testing.assert_close(qd1, nominal[1], rtol=0, atol=2e-6)
+    # the second step of the bcg bundle (branches continue from their own states)
+    q2, qd2, _ = est(env.model, q1, qd1, targets)
+    assert est.last_stats.envs_triggered == 0 and est.last_stats.branches_simulated == 4 * N
+    n2 = linear(env.model, *nominal[:2], targets)
+    torch.testing.assert_close(q2, n2[0], rtol=0, atol=4e-6)
+    torch.testing.assert_close(qd2, n2[1], rtol=0, atol=4e-6)
