@@ -64,7 +64,7 @@ def test_builtins_unknown_names_and_parameters() -> None:
     with pytest.raises(dataclasses.FrozenInstanceError):
         est.branches = 3
     for bad in ({"branches": 0}, {"sigma_q": -1.0}, {"sigma_qd": float("nan")}, {"antithetic": True, "branches": 3},
-                {"law": "cartesian"}, {"seed": -1}):
+                {"law": "polar"}, {"seed": -1}, {"damping": -1.0}):
         with pytest.raises(ValueError):
             GRS(**bad)
 

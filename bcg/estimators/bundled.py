@@ -21,7 +21,8 @@ from typing import Literal
 import torch
 
 from bcg.estimators.base import Estimator, EstimatorStats, RowGradMask
-from bcg.estimators.grs import average_branches, joint_gaussian_offsets
+from bcg.estimators.grs import average_branches, cartesian_law_offsets, joint_gaussian_offsets
+from bcg.estimators.perturb import FOOT_END_BODIES
 from bcg.estimators.registry import register
 from bcg.sim.physics import Physics
 from bcg.sim.reference import ContactReport
@@ -70,9 +71,20 @@ class BCG(Estimator):
     timing: Literal["lagged", "rollback"] = "lagged"
     """``lagged``: the trigger of step t uses the forces of step t-1 (no re-simulation); ``rollback``: simulate the
     nominal step and, where it triggers, discard it and simulate the bundle from the same start."""
-    law: Literal["joint_gaussian"] = "joint_gaussian"
-    """Perturbation law at the bundle start: ``joint_gaussian`` (independent N(0, sigma^2) on every hinge angle and
-    rate, clamped to the joint limits). The Cartesian end-link law of METHOD.md 3.4 is not implemented yet."""
+    law: Literal["joint_gaussian", "cartesian"] = "joint_gaussian"
+    """Perturbation law at the bundle start: ``joint_gaussian`` (independent N(0, sigma_q^2), N(0, sigma_qd^2) on every
+    hinge angle and rate) or ``cartesian`` (end-link offsets N(0, sigma_p^2), N(0, sigma_v^2) of both leg chains
+    through the damped Jacobian pseudoinverse, :mod:`bcg.estimators.perturb`); clamped to the joint limits."""
+    sigma_p: float = 0.01
+    """Cartesian law: standard deviation of the end-link position offset [m]."""
+    sigma_v: float = 0.02
+    """Cartesian law: standard deviation of the end-link velocity offset [m/s]."""
+    damping: float = 1e-4
+    """Cartesian law: lambda of the damped pseudoinverse J^T (J J^T + lambda I)^-1 [m^2]."""
+    max_joint_offset: float = 0.1
+    """Cartesian law: cap of every joint-angle offset [rad]."""
+    max_joint_rate_offset: float = 0.2
+    """Cartesian law: cap of every joint-rate offset [rad/s]."""
     sigma_q: float = 0.02
     """Standard deviation of the joint-angle perturbation [rad]."""
     sigma_qd: float = 0.05
@@ -88,12 +100,13 @@ class BCG(Estimator):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        for name in ("sigma_q", "sigma_qd", "tau"):
+        for name in ("sigma_q", "sigma_qd", "tau", "sigma_p", "sigma_v", "damping", "max_joint_offset",
+                     "max_joint_rate_offset"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v >= 0.0) or v == float("inf"):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
         choices = {"trigger": ("force", "always", "never"), "aggregation": ("per_point", "per_foot"),
-                   "timing": ("lagged", "rollback"), "law": ("joint_gaussian",)}
+                   "timing": ("lagged", "rollback"), "law": ("joint_gaussian", "cartesian")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -186,8 +199,13 @@ class BCG(Estimator):
             off_q = torch.cat([oq, off_q[C.numel():]])
             off_qd = torch.cat([oqd, off_qd[C.numel():]])
         if T.numel():
-            dq, dqd = joint_gaussian_offsets(model, q[T], qd[T], B, self.sigma_q, self.sigma_qd, self.antithetic,
-                                             self.generator(dev))
+            if self.law == "cartesian":  # both leg chains of a triggered environment
+                active = torch.ones(T.numel(), len(FOOT_END_BODIES), dtype=torch.bool, device=dev)
+                dq, dqd = cartesian_law_offsets(self, model, q[T], qd[T], active, FOOT_END_BODIES,
+                                                self.generator(dev))
+            else:
+                dq, dqd = joint_gaussian_offsets(model, q[T], qd[T], B, self.sigma_q, self.sigma_qd,
+                                                 self.antithetic, self.generator(dev))
             new_q = torch.cat([q.new_zeros(T.numel(), B, 7), dq], -1)
             new_qd = torch.cat([qd.new_zeros(T.numel(), B, 6), dqd], -1)
             off_q = torch.cat([off_q[:C.numel()], new_q])

@@ -18,7 +18,8 @@ from bcg.estimators.base import Estimator, EstimatorStats, RowGradMask, branch_m
 from bcg.estimators.registry import register
 from bcg.sim.reference import ContactReport
 
-__all__ = ["GRS", "average_branches", "expand", "joint_gaussian_offsets", "mean_of_branches", "usable"]
+__all__ = ["GRS", "average_branches", "cartesian_law_offsets", "clamp_offsets", "expand", "joint_gaussian_offsets",
+           "mean_of_branches", "usable"]
 
 
 @register("grs")
@@ -32,9 +33,21 @@ class GRS(Estimator):
     """Standard deviation of the joint-angle perturbation [rad] (joint-space Gaussian law)."""
     sigma_qd: float = 0.05
     """Standard deviation of the joint-rate perturbation [rad/s] (joint-space Gaussian law)."""
-    law: Literal["joint_gaussian"] = "joint_gaussian"
-    """Perturbation law: ``joint_gaussian`` (independent N(0, sigma^2) on every hinge angle and rate; the floating
-    base is not perturbed). The Cartesian end-link law of METHOD.md 3.4 is not implemented yet."""
+    law: Literal["joint_gaussian", "cartesian"] = "joint_gaussian"
+    """Perturbation law: ``joint_gaussian`` (independent N(0, sigma_q^2), N(0, sigma_qd^2) on every hinge angle and
+    rate) or ``cartesian`` (end-link offsets N(0, sigma_p^2), N(0, sigma_v^2) of all four limb chains through the
+    damped Jacobian pseudoinverse, :mod:`bcg.estimators.perturb`). The floating base is never perturbed."""
+    sigma_p: float = 0.01
+    """Cartesian law: standard deviation of the end-link position offset [m]."""
+    sigma_v: float = 0.02
+    """Cartesian law: standard deviation of the end-link velocity offset [m/s]."""
+    damping: float = 1e-4
+    """Cartesian law: lambda of the damped pseudoinverse J^T (J J^T + lambda I)^-1 [m^2]."""
+    max_joint_offset: float = 0.1
+    """Cartesian law: cap of every joint-angle offset [rad] (the pseudoinverse gain reaches 50 rad/m at a
+    stretched knee)."""
+    max_joint_rate_offset: float = 0.2
+    """Cartesian law: cap of every joint-rate offset [rad/s]."""
     antithetic: bool = False
     """Draw perturbations in pairs (d, -d) (needs an even ``branches``); the branch mean of the start states is then
     the nominal start state (up to clamping at the joint limits)."""
@@ -45,12 +58,13 @@ class GRS(Estimator):
         super().__post_init__()
         if not isinstance(self.branches, int) or isinstance(self.branches, bool) or self.branches < 1:
             raise ValueError(f"branches must be an int >= 1, got {self.branches!r}")
-        for name in ("sigma_q", "sigma_qd"):
+        for name in ("sigma_q", "sigma_qd", "sigma_p", "sigma_v", "damping", "max_joint_offset",
+                     "max_joint_rate_offset"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v >= 0.0) or v == float("inf"):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
-        if self.law != "joint_gaussian":
-            raise ValueError(f"law must be 'joint_gaussian' (the only law implemented), got {self.law!r}")
+        if self.law not in ("joint_gaussian", "cartesian"):
+            raise ValueError(f"law must be 'joint_gaussian' or 'cartesian', got {self.law!r}")
         if self.antithetic and self.branches % 2:
             raise ValueError(f"antithetic pairs need an even number of branches, got {self.branches}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
@@ -61,7 +75,12 @@ class GRS(Estimator):
     def sample(self, model, q: torch.Tensor, qd: torch.Tensor, generator: torch.Generator
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """Joint-space offsets ``(dq [n, B, nh], dqd [n, B, nh])`` for the rows of ``q``, ``qd`` (see
-        :func:`joint_gaussian_offsets`)."""
+        :func:`joint_gaussian_offsets` and :func:`cartesian_law_offsets`)."""
+        if self.law == "cartesian":
+            from bcg.estimators.perturb import LIMB_END_BODIES
+
+            active = torch.ones(q.shape[0], len(LIMB_END_BODIES), dtype=torch.bool, device=q.device)
+            return cartesian_law_offsets(self, model, q, qd, active, LIMB_END_BODIES, generator)
         return joint_gaussian_offsets(model, q, qd, self.branches, self.sigma_q, self.sigma_qd, self.antithetic,
                                       generator)
 
@@ -82,7 +101,6 @@ def joint_gaussian_offsets(model, q: torch.Tensor, qd: torch.Tensor, branches: i
     """Detached joint-space Gaussian offsets ``(dq [n, B, nh], dqd [n, B, nh])`` (nh hinges) for the n rows of ``q``,
     ``qd``, clamped so that no perturbed angle leaves the joint range (or goes further beyond it than the nominal
     angle) and no perturbed rate exceeds :data:`bcg.sim.MAX_SPEED`; ``antithetic`` draws pairs (d, -d)."""
-    import bcg.sim
 
     n, B = int(q.shape[0]), branches
     nh = int(q.shape[1]) - 7
@@ -92,7 +110,17 @@ def joint_gaussian_offsets(model, q: torch.Tensor, qd: torch.Tensor, branches: i
     if antithetic:
         z = torch.cat([z, -z], 1)
     dq, dqd = z[:, :, 0] * sigma_q, z[:, :, 1] * sigma_qd
+    return clamp_offsets(model, q, qd, dq, dqd)
+
+
+def clamp_offsets(model, q: torch.Tensor, qd: torch.Tensor, dq: torch.Tensor, dqd: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Hinge offsets ``dq``, ``dqd`` [n, B, nh] clamped (detached) so that no perturbed angle leaves the joint range
+    (or goes further beyond it than the nominal angle) and no perturbed rate exceeds :data:`bcg.sim.MAX_SPEED`."""
+    import bcg.sim
+
     with torch.no_grad():
+        dt, dev = q.dtype, q.device
         qh, qdh = q.detach()[:, None, 7:], qd.detach()[:, None, 6:]
         rng = torch.as_tensor(model.dof_range[6:], dtype=dt, device=dev)
         lo, hi = torch.minimum(rng[:, 0], qh), torch.maximum(rng[:, 1], qh)
@@ -100,6 +128,28 @@ def joint_gaussian_offsets(model, q: torch.Tensor, qd: torch.Tensor, branches: i
         vmax = float(bcg.sim.MAX_SPEED)
         dqd = (qdh + dqd).clamp(-vmax, vmax) - qdh
     return dq, dqd
+
+
+def cartesian_law_offsets(est, model, q: torch.Tensor, qd: torch.Tensor, active: torch.Tensor,
+                          end_bodies: tuple[str, ...], generator: torch.Generator):
+    """Offsets of the Cartesian law (:mod:`bcg.estimators.perturb`) with ``est``'s fields ``branches``,
+    ``sigma_p``, ``sigma_v``, ``damping``, ``max_joint_offset``, ``max_joint_rate_offset``, ``antithetic``, clamped
+    to the joint limits; ``active`` [n, L] says which chains of ``end_bodies`` are perturbed."""
+    from bcg.estimators.perturb import cartesian_offsets, chain_mask, end_link_jacobians, end_points
+    from bcg.motion.kinematics import KinematicsFn
+
+    cache = est._rt.__dict__.setdefault("kinematics", {})
+    key = (id(model), str(q.device), q.dtype, end_bodies)
+    if key not in cache:
+        idx, pts = end_points(model, end_bodies)
+        cache[key] = (KinematicsFn(model, dtype=q.dtype, device=q.device), idx, pts.to(q.device, q.dtype),
+                      chain_mask(model, end_bodies).to(q.device))
+    kin, idx, pts, mask = cache[key]
+    with torch.no_grad():
+        jac = end_link_jacobians(kin, q, idx, pts)
+        dq, dqd = cartesian_offsets(jac, mask, active, est.branches, est.sigma_p, est.sigma_v, est.damping,
+                                    est.max_joint_offset, est.max_joint_rate_offset, est.antithetic, generator)
+    return clamp_offsets(model, q, qd, dq, dqd)
 
 
 def expand(q, qd, targets, physics, env_ids, B, dq, dqd):
