@@ -85,3 +85,35 @@ def test_cap_near_a_stretched_knee_and_leg_chains_only(g1_model) -> None:
     dq, _ = cartesian_law_offsets(est, env.model, s.q, s.qd, torch.ones(N, 2, dtype=torch.bool), FOOT_END_BODIES,
                                   torch.Generator().manual_seed(0))
     assert dq[..., 12:].abs().amax() == 0 and dq[..., :12].abs().amax() > 0
+
+
+def test_bcg_perturbs_the_chains_of_the_feet_that_passed_tau(g1_model) -> None:
+    """A scripted inner step reports 500 N on the left foot of environment 0, on both feet of environment 1 and no
+    force on environment 2: at the next (lagged) step environment 0 branches its left leg only, environment 1 both
+    legs, environment 2 not at all."""
+    from bcg.envs import simulator_step
+    from bcg.sim.reference import ContactReport
+
+    force = torch.zeros(N, 8)
+    force[0, :4] = 500.0
+    force[1] = 500.0
+    seen: list = []
+
+    def scripted(model, q, qd, targets, physics=None, *, env_ids=None, state=None):
+        seen.append((q.detach().clone(), env_ids.clone()))
+        q1, qd1, c = simulator_step(model, q, qd, targets, physics)
+        return q1, qd1, ContactReport(c.impulse, force[env_ids], c.penetration)
+
+    est = BCG(law="cartesian", branches=3, tau=400.0).set_inner(scripted)
+    env = _env(est)
+    with torch.no_grad():
+        env.step(torch.zeros(N, 29))
+        nominal = env.state.q
+        env.step(torch.zeros(N, 29))
+    assert est.last_stats.envs_triggered == 2
+    q_in, ids = seen[-1]
+    assert ids.tolist() == [2, 0, 0, 0, 1, 1, 1]  # the nominal row first, then the branches
+    moved = (q_in[:, 7:] - nominal[ids, 7:]).abs() > 0
+    assert not moved[0].any()
+    assert moved[1:4, :6].any() and not moved[1:4, 6:].any()        # environment 0: left leg only
+    assert moved[4:, :6].any() and moved[4:, 6:12].any() and not moved[4:, 12:].any()

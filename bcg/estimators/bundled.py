@@ -22,7 +22,6 @@ import torch
 
 from bcg.estimators.base import Estimator, EstimatorStats, RowGradMask
 from bcg.estimators.grs import average_branches, cartesian_law_offsets, joint_gaussian_offsets
-from bcg.estimators.perturb import FOOT_END_BODIES
 from bcg.estimators.registry import register
 from bcg.sim.physics import Physics
 from bcg.sim.reference import ContactReport
@@ -33,9 +32,9 @@ __all__ = ["BCG"]
 class _Memory:
     """Per-environment bookkeeping of :class:`BCG` (rows indexed by env id)."""
 
-    def __init__(self, size: int, nq: int, device: torch.device) -> None:
+    def __init__(self, size: int, nq: int, nf: int, device: torch.device) -> None:
         self.left = torch.zeros(size, dtype=torch.long, device=device)
-        self.peak = torch.full((size,), float("nan"), device=device)
+        self.peak = torch.full((size, nf), float("nan"), device=device)  # per foot, the last step's trigger force
         self.last_q = torch.full((size, nq), float("nan"), device=device)
         self.open_ids = torch.zeros(0, dtype=torch.long, device=device)
         self.off_q: torch.Tensor | None = None  # [k, B, nq] offsets of the open bundles (graph kept)
@@ -48,7 +47,7 @@ class _Memory:
             return
         dev, nq = self.left.device, self.last_q.shape[1]
         self.left = torch.cat([self.left, torch.zeros(size - old, dtype=torch.long, device=dev)])
-        self.peak = torch.cat([self.peak, torch.full((size - old,), float("nan"), device=dev)])
+        self.peak = torch.cat([self.peak, torch.full((size - old, self.peak.shape[1]), float("nan"), device=dev)])
         self.last_q = torch.cat([self.last_q, torch.full((size - old, nq), float("nan"), device=dev)])
 
 
@@ -73,8 +72,9 @@ class BCG(Estimator):
     nominal step and, where it triggers, discard it and simulate the bundle from the same start."""
     law: Literal["joint_gaussian", "cartesian"] = "joint_gaussian"
     """Perturbation law at the bundle start: ``joint_gaussian`` (independent N(0, sigma_q^2), N(0, sigma_qd^2) on every
-    hinge angle and rate) or ``cartesian`` (end-link offsets N(0, sigma_p^2), N(0, sigma_v^2) of both leg chains
-    through the damped Jacobian pseudoinverse, :mod:`bcg.estimators.perturb`); clamped to the joint limits."""
+    hinge angle and rate) or ``cartesian`` (end-point offsets N(0, sigma_p^2), N(0, sigma_v^2) of the chains of the
+    feet whose force passed tau, all feet with ``trigger="always"``, through the damped Jacobian pseudoinverse,
+    :mod:`bcg.estimators.perturb`); clamped to the joint limits."""
     sigma_p: float = 0.01
     """Cartesian law: standard deviation of the end-link position offset [m]."""
     sigma_v: float = 0.02
@@ -129,19 +129,26 @@ class BCG(Estimator):
 
     # ---------------------------------------------------------------------------------------- helpers
 
-    def trigger_quantity(self, model, contact: ContactReport) -> torch.Tensor:
-        """[N] the force the trigger compares with tau (detached)."""
+    def foot_forces(self, model, contact: ContactReport) -> torch.Tensor:
+        """[N, nf] per contact body (foot, in ``model.foot_body`` order) the force the trigger compares with tau
+        (detached): the largest sphere peak force of the foot (``per_point``) or their sum (``per_foot``)."""
         f = contact.peak_force.detach()
+        foot = torch.as_tensor(model.sphere_foot, dtype=torch.long, device=f.device)
+        nf = len(model.foot_body)
+        per = torch.zeros(f.shape[0], nf, dtype=f.dtype, device=f.device)
         if self.aggregation == "per_foot":
-            foot = torch.as_tensor(model.sphere_foot, dtype=torch.long, device=f.device)
-            per = torch.zeros(f.shape[0], int(foot.max()) + 1, dtype=f.dtype, device=f.device)
-            f = per.index_add(1, foot, f)
+            return per.index_add(1, foot, f)
+        return per.scatter_reduce(1, foot[None].expand(f.shape[0], -1), f, reduce="amax", include_self=False)
+
+    def trigger_quantity(self, model, contact: ContactReport) -> torch.Tensor:
+        """[N] the force the trigger compares with tau (detached): the largest of :meth:`foot_forces`."""
+        f = self.foot_forces(model, contact)
         return f.amax(1) if f.shape[1] else torch.zeros(f.shape[0], dtype=f.dtype, device=f.device)
 
-    def _memory(self, size: int, nq: int, device: torch.device) -> _Memory:
+    def _memory(self, size: int, nq: int, nf: int, device: torch.device) -> _Memory:
         mem = self._rt.memory
-        if mem is None or mem.left.device != device or mem.last_q.shape[1] != nq:
-            mem = self._rt.memory = _Memory(size, nq, device)
+        if mem is None or mem.left.device != device or mem.last_q.shape[1] != nq or mem.peak.shape[1] != nf:
+            mem = self._rt.memory = _Memory(size, nq, nf, device)
         mem.grow(size)
         return mem
 
@@ -156,17 +163,19 @@ class BCG(Estimator):
         if int(torch.unique(ids).numel()) != n:
             raise ValueError("the bcg estimator keeps bundles per environment: it needs one row per environment "
                              "(env_ids without repeats); branch a state with the grs estimator or by hand instead")
-        mem = self._memory(int(ids.max()) + 1, int(q.shape[1]), dev)
+        nf = len(model.foot_body)
+        mem = self._memory(int(ids.max()) + 1, int(q.shape[1]), nf, dev)
         with torch.no_grad():
             continues = (mem.last_q[ids] == q.detach()).all(1)  # the row is the mean this estimator returned
             left = torch.where(continues, mem.left[ids], torch.zeros_like(ids))
             cont = left > 0
             if self.trigger == "always":
-                trig = ~cont
+                feet = torch.ones(n, nf, dtype=torch.bool, device=dev)
             elif self.timing == "lagged":
-                trig = ~cont & continues & (mem.peak[ids] > self.tau)
+                feet = continues[:, None] & (mem.peak[ids] > self.tau)
             else:
-                trig = torch.zeros_like(cont)
+                feet = torch.zeros(n, nf, dtype=torch.bool, device=dev)
+            trig = ~cont & feet.any(1)
         simulated = 0
         nominal_out = None
         if self.trigger == "force" and self.timing == "rollback":
@@ -176,8 +185,9 @@ class BCG(Estimator):
                                        ids[idx_n], None if state is None else state[idx_n])
                 simulated += int(idx_n.numel())
                 with torch.no_grad():
-                    hit = self.trigger_quantity(model, out[2]) > self.tau
-                trig = trig.index_put((idx_n,), hit)
+                    hit = self.foot_forces(model, out[2]) > self.tau
+                feet = feet.index_put((idx_n,), hit)
+                trig = trig.index_put((idx_n,), hit.any(1))
                 nominal_out = (idx_n, out)
 
         U = (~cont & ~trig).nonzero().flatten()
@@ -199,10 +209,9 @@ class BCG(Estimator):
             off_q = torch.cat([oq, off_q[C.numel():]])
             off_qd = torch.cat([oqd, off_qd[C.numel():]])
         if T.numel():
-            if self.law == "cartesian":  # both leg chains of a triggered environment
-                active = torch.ones(T.numel(), len(FOOT_END_BODIES), dtype=torch.bool, device=dev)
-                dq, dqd = cartesian_law_offsets(self, model, q[T], qd[T], active, FOOT_END_BODIES,
-                                                self.generator(dev))
+            if self.law == "cartesian":  # the chains of the feet that passed tau
+                chains = tuple(model.body_names[b] for b in model.foot_body)
+                dq, dqd = cartesian_law_offsets(self, model, q[T], qd[T], feet[T], chains, self.generator(dev))
             else:
                 dq, dqd = joint_gaussian_offsets(model, q[T], qd[T], B, self.sigma_q, self.sigma_qd,
                                                  self.antithetic, self.generator(dev))
@@ -249,7 +258,7 @@ class BCG(Estimator):
             stay = (new_left > 0) & alive
             mem.left[ids] = 0
             mem.left[ids[K]] = torch.where(stay, new_left, torch.zeros_like(new_left))
-            mem.peak[ids] = self.trigger_quantity(model, contact)
+            mem.peak[ids] = self.foot_forces(model, contact)
             mem.last_q[ids] = q_out.detach()
         old = ~torch.isin(mem.open_ids, ids)
         s_idx = stay.nonzero().flatten()
