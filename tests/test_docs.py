@@ -29,6 +29,6 @@ def test_python_blocks_run(path: Path, tmp_path: Path, monkeypatch: pytest.Monke
     namespace: dict = {"__name__": f"doc_{path.stem}"}
     for i, code in enumerate(python_blocks(path)):
         try:
-            exec(compile(code, f"{path.name}[block {i}]", "exec"), namespace)
+            exec(compile(code, f"{path.name}[block {i}]", "exec", dont_inherit=True), namespace)
         except Exception as exc:  # name the block in the failure
             raise AssertionError(f"{path.name}, python block {i} fails: {type(exc).__name__}: {exc}") from exc

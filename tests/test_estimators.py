@@ -277,3 +277,14 @@ def test_quaternion_mean_is_unit_and_sign_invariant() -> None:
     torch.testing.assert_close(m.norm(dim=-1), torch.ones(5))
     torch.testing.assert_close(m2 * torch.sign((m2 * m).sum(-1, keepdim=True)), m)
     assert ((m * base[:, 0]).sum(-1).abs() > 0.99).all()
+
+
+def test_estimator_statistics_reach_info() -> None:
+    """The env puts the per-call counts of its transition function into info["estimator"]."""
+    env = _env(make("grs", branches=4, seed=1))
+    _, _, _, _, info = env.step(_actions(env, 0))
+    stats = info["estimator"]
+    assert stats["calls"] == 1 and stats["envs"] == N
+    assert stats["envs_triggered"] == N and stats["branches_simulated"] == 4 * N
+    _, _, _, _, plain = _env().step(torch.zeros(N, 29))
+    assert "estimator" not in plain

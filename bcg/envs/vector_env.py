@@ -41,6 +41,7 @@ from gymnasium.vector.utils import batch_space
 
 from bcg.envs.actions import ActionMap, default_action_scale
 from bcg.envs.config import EnvConfig, check_count
+from bcg.envs.grad_mask import RowGradMask
 from bcg.envs.observations import observation_layout, reference_observation, robot_observation
 from bcg.envs.randomization import sample_physics, uniform
 from bcg.envs.rewards import StepContext, TrackingReward
@@ -58,26 +59,6 @@ MAX_SEED: int = 2**63 - 1
 
 # streams of the counter-based draws (bcg.envs.transition.hash_uniform)
 _STREAM_PUSH, _STREAM_NOISE = 1, 2
-
-
-class _GradMask(torch.autograd.Function):
-    """Identity whose backward zeroes the rows flagged in ``holder["bad"]`` (filled after the forward pass).
-
-    Placed on the simulator's inputs, it blocks the gradient of an environment whose step became non-finite
-    without touching the gradient paths of the other environments or the other uses of the same tensor.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, holder: dict) -> torch.Tensor:  # type: ignore[override]
-        ctx.holder = holder
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
-        bad = ctx.holder.get("bad")
-        if bad is not None and bool(bad.any()):
-            g = torch.where(bad[:, None], torch.zeros_like(g), g)
-        return g, None
 
 
 def _sim_bounds() -> tuple[float, float]:
@@ -469,12 +450,12 @@ class G1TrackingVectorEnv(VectorEnv):
             qd0 = torch.where(bad_in[:, None], torch.zeros_like(qd0), qd0)
         holder: dict = {}
         if torch.is_grad_enabled():
-            q_in, qd_in, t_in = (_GradMask.apply(x, holder) for x in (q0, qd0, targets))
+            q_in, qd_in, t_in = (RowGradMask.apply(x, holder) for x in (q0, qd0, targets))
         else:
             q_in, qd_in, t_in = q0, qd0, targets
         q1, qd1, contact = self.transition_fn(self.model, q_in, qd_in, t_in, s.physics, env_ids=s.env_id, state=s)
         bad = bad_in | self._unstable(dataclasses.replace(s, q=q1, qd=qd1))
-        holder["bad"] = bad
+        holder["drop"] = bad
         any_bad = bool(bad.any())
         if any_bad:
             q1 = torch.where(bad[:, None], safe_q, q1)
@@ -611,6 +592,10 @@ class G1TrackingVectorEnv(VectorEnv):
                 else:
                     noisy = obs
         self._state = nxt
+        # a transition function that reports per-call statistics (a gradient estimator) has them in info
+        stats = getattr(self.transition_fn, "last_stats", None)
+        if stats is not None and hasattr(stats, "as_dict"):
+            info["estimator"] = stats.as_dict()
         info["final_obs"] = final_obs
         info["_final_obs"] = done if self.autoreset else torch.zeros_like(done)
         if noise_on:

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from bcg.envs.grad_mask import RowGradMask
 from bcg.sim.physics import Physics
 from bcg.sim.reference import ContactReport
 
@@ -153,26 +154,6 @@ class Estimator(abc.ABC):
 
 
 # -------------------------------------------------------------------------------------------- branch utilities
-
-
-class RowGradMask(torch.autograd.Function):
-    """Identity whose backward zeroes the rows flagged in ``holder["drop"]`` (a [M] bool filled after the forward).
-
-    Placed on a branch's simulator inputs, it keeps a dropped (non-finite) branch's adjoint, which can itself be
-    non-finite, out of the gradient of the other branches and of the nominal state.
-    """
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, holder: dict) -> torch.Tensor:  # type: ignore[override]
-        ctx.holder = holder
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, g: torch.Tensor):  # type: ignore[override]
-        drop = ctx.holder.get("drop")
-        if drop is not None and bool(drop.any()):
-            g = torch.where(drop.reshape(-1, *([1] * (g.dim() - 1))), torch.zeros_like(g), g)
-        return g, None
 
 
 def repeat_physics(physics: Physics | None, repeats: int) -> Physics | None:
