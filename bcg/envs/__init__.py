@@ -5,8 +5,7 @@ Importing this package is cheap: every name below is resolved from its submodule
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from bcg._lazy import lazy_getattr
 
 _LAZY: dict[str, str] = {
     "EnvConfig": "bcg.envs.config",
@@ -29,9 +28,4 @@ _LAZY: dict[str, str] = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'bcg.envs' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _LAZY)

@@ -7,8 +7,7 @@ Importing this package is cheap: names are resolved from their submodules on fir
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from bcg._lazy import lazy_getattr
 
 _LAZY: dict[str, str] = {
     "FORMAT_FPS": "bcg.motion.formats",
@@ -31,9 +30,4 @@ _LAZY: dict[str, str] = {
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'bcg.motion' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_getattr(__name__, _LAZY)
