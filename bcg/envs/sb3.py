@@ -3,7 +3,8 @@
 The batched env already resets finished environments inside ``step`` (SAME_STEP autoreset), which is exactly what
 SB3 expects: the returned observation is the new episode's first one, and ``infos[i]["terminal_observation"]``
 holds the last observation of the finished episode, with ``infos[i]["TimeLimit.truncated"]`` true for time-outs
-(clip end or ``max_episode_steps``) and false for falls.
+(clip end or ``max_episode_steps``) and false for falls. Every ``infos[i]`` has ``"tracking_error"``, the
+environment's mean body-position error after the step [m].
 """
 
 from __future__ import annotations
@@ -63,7 +64,8 @@ class SB3VecEnv(VecEnv):
         nonfinite = info["nonfinite"].cpu().numpy()
         self._episode_returns += rew_np
         self._episode_lengths += 1
-        infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+        tracking_error = info["tracking_error"].cpu().numpy()
+        infos: list[dict[str, Any]] = [{"tracking_error": float(e)} for e in tracking_error]
         if dones.any():
             final = info["final_obs"].cpu().numpy()
             for i in np.flatnonzero(dones):

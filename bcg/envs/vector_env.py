@@ -419,7 +419,7 @@ class G1TrackingVectorEnv(VectorEnv):
         unstable (non-finite, |q| > state_limit, |qd| > MAX_SPEED) before or after the physics is not passed on:
         it ends terminated with reward 0, its gradient is blocked, and its next state is its reference pose at rest.
         """
-        nxt, reward, terminated, truncated, contact, _, _, _ = self._transition(state, actions)
+        nxt, reward, terminated, truncated, contact, _, _, _, _ = self._transition(state, actions)
         return nxt, reward, terminated, truncated, contact
 
     def _transition(self, s: EnvState, actions: torch.Tensor):
@@ -481,7 +481,7 @@ class G1TrackingVectorEnv(VectorEnv):
             truncated &= ~terminated
         nxt = dataclasses.replace(s, q=q1, qd=qd1, frame=frame, episode_steps=steps, prev_actions=actions,
                                   delayed_actions=actions, push_countdown=countdown, push_vel=push_vel)
-        return nxt, reward, terminated, truncated, contact, sim, bad, fell
+        return nxt, reward, terminated, truncated, contact, sim, bad, fell, ref
 
     # ------------------------------------------------------------------------------------------------ API
 
@@ -542,7 +542,9 @@ class G1TrackingVectorEnv(VectorEnv):
             ``final_obs`` / ``_final_obs`` (SAME_STEP autoreset), ``unstable_reset`` [N] (environments whose state
             was non-finite or faster than ``bcg.sim.MAX_SPEED`` at the start of the step and were reset before the
             simulator was called), ``nonfinite`` [N] (environments whose step diverged: reward 0, terminated,
-            gradient blocked), ``num_unstable`` (the number of both this step), ``fell`` [N], ``frame`` [N],
+            gradient blocked), ``num_unstable`` (the number of both this step), ``fell`` [N], ``tracking_error`` [N] (mean
+            over the bodies of the distance between simulated and reference body origins after the step [m]; the
+            E_track of METHOD.md 3.10 before averaging over time), ``frame`` [N],
             ``contact_impulse``, ``contact_peak_force`` and ``contact_penetration`` [N, 8] and, with observation
             noise, ``critic_obs`` / ``final_critic_obs`` (noise-free).
         """
@@ -561,8 +563,10 @@ class G1TrackingVectorEnv(VectorEnv):
             idx = unstable.nonzero().flatten()
             with torch.no_grad():
                 s = self._reset_rows(s, idx, self._next_keys(s.rng_key[idx]))
-        nxt, reward, terminated, truncated, contact, sim, bad, fell = self._transition(s, actions)
+        nxt, reward, terminated, truncated, contact, sim, bad, fell, ref = self._transition(s, actions)
         obs = self._observe(sim, nxt.frame)
+        with torch.no_grad():  # E_track of METHOD.md 3.10: mean over bodies of the world position error
+            tracking_error = (sim.body_pos_w - ref.body_pos_w).norm(dim=-1).mean(1)
         done = terminated | truncated
         num_unstable = int(unstable.sum()) + int(bad.sum())
         self.nonfinite_count += num_unstable
@@ -571,6 +575,7 @@ class G1TrackingVectorEnv(VectorEnv):
             "unstable_reset": unstable,
             "num_unstable": num_unstable,
             "fell": fell,
+            "tracking_error": tracking_error,
             "frame": nxt.frame.clone(),
             "contact_impulse": contact.impulse,
             "contact_peak_force": contact.peak_force,

@@ -1,0 +1,17 @@
+"""Agents: SHAC (first-order, through a gradient estimator), PPO (stable-baselines3), the ADD reward, training.
+
+Importing this package is cheap: names are resolved from their submodules on first access.
+"""
+
+from __future__ import annotations
+
+from bcg._lazy import lazy_getattr
+
+_LAZY: dict[str, str] = {
+    "Agent": "bcg.agents.base",
+    "METRIC_NAMES": "bcg.agents.base",
+}
+
+__all__ = sorted(_LAZY)
+
+__getattr__ = lazy_getattr(__name__, _LAZY)
