@@ -8,7 +8,9 @@ rows into a differentiable transition by calling an *inner* transition function 
 :func:`bcg.envs.simulator_step`, i.e. :func:`bcg.sim.step`) on branches of those rows, and records per call an
 :class:`EstimatorStats` (``est.last_stats``, and their sum ``est.total_stats``). Estimators never launch Warp kernels
 themselves; all physics goes through the inner function. Mutable run-time data (random generators, counters, open
-bundles) lives beside the frozen fields, so two estimators with the same fields compare equal.
+bundles) lives beside the frozen fields, so two estimators with the same fields compare equal;
+:meth:`Estimator.state_dict` and :meth:`Estimator.load_state_dict` save and restore it (tensors and plain Python
+values only, so ``torch.load(..., weights_only=True)`` reads a checkpoint) for exact restarts.
 """
 
 from __future__ import annotations
@@ -27,7 +29,11 @@ from bcg.envs.grad_mask import RowGradMask
 from bcg.sim.physics import Physics
 from bcg.sim.reference import ContactReport
 
-__all__ = ["Estimator", "EstimatorStats", "RowGradMask", "branch_mean", "field_docs", "repeat_physics"]
+__all__ = ["STATE_VERSION", "Estimator", "EstimatorStats", "RowGradMask", "branch_mean", "field_docs", "first_kept",
+           "quat_mean_wxyz", "repeat_physics"]
+
+STATE_VERSION = 1
+"""Version of the layout of :meth:`Estimator.state_dict` (checked by :meth:`Estimator.load_state_dict`)."""
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,69 @@ class Estimator(abc.ABC):
         rt.generators.clear()
         rt.last_stats = EstimatorStats()
         rt.total_stats = EstimatorStats()
+
+    # ---------------------------------------------------------------------------------------- checkpoints
+
+    def params(self) -> dict[str, Any]:
+        """The hyperparameters (every init field) as ``{name: value}``."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every run-time datum of the estimator, for an exact restart: a dict of tensors (cloned, detached, on the
+        device they live on) and plain Python values, readable by ``torch.load(..., weights_only=True)``.
+
+        Holds the layout version, the registered name and the hyperparameters (checked on load), the seed override of
+        :meth:`reset`, the state of the dedicated generator of every device used so far (``{"cpu": ByteTensor, ...}``)
+        and the statistics (``last_stats``, ``total_stats`` as dicts of ints). Subclasses that carry more (open
+        bundles, trigger memory) extend the dict in an override that calls this one. The inner transition function
+        and derived caches are not part of it (they are code, or recomputed).
+        """
+        rt = self._rt
+        return {
+            "version": STATE_VERSION,
+            "name": type(self).name or type(self).__qualname__,
+            "params": self.params(),
+            "seed_override": rt.seed_override,
+            "generators": {key: g.get_state().clone() for key, g in rt.generators.items()},
+            "last_stats": rt.last_stats.as_dict(),
+            "total_stats": rt.total_stats.as_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
+        """Restore what :meth:`state_dict` saved, so the estimator continues bit for bit (the same draws, the same
+        counters, the same open bundles). Saved graphs are not restored: an open bundle continues with detached
+        offsets, as across ``env.detach()``.
+
+        Raises ValueError when ``state`` is not such a dict, when its layout version differs, or (``strict``, the
+        default) when it was saved by another estimator or with other hyperparameters.
+        """
+        if not isinstance(state, dict) or "version" not in state or "generators" not in state:
+            raise ValueError("load_state_dict expects a dict made by Estimator.state_dict() (keys 'version', "
+                             f"'generators', ...), got {type(state).__name__}"
+                             + (f" with keys {sorted(state)}" if isinstance(state, dict) else ""))
+        if state["version"] != STATE_VERSION:
+            raise ValueError(f"estimator state layout version {state['version']!r} is not {STATE_VERSION} (this "
+                             "version of bcg)")
+        if strict:
+            mine = type(self).name or type(self).__qualname__
+            if state.get("name") != mine:
+                raise ValueError(f"the state was saved by estimator {state.get('name')!r}, this one is {mine!r} "
+                                 "(pass strict=False to load it anyway)")
+            saved, own = state.get("params", {}), self.params()
+            diff = sorted(k for k in set(saved) | set(own) if saved.get(k, "<missing>") != own.get(k, "<missing>"))
+            if diff:
+                raise ValueError("the state was saved with other hyperparameters: "
+                                 + ", ".join(f"{k}={saved.get(k, '<missing>')!r} (here {own.get(k, '<missing>')!r})"
+                                             for k in diff) + " (pass strict=False to load it anyway)")
+        rt = self._rt
+        rt.seed_override = state.get("seed_override")
+        rt.generators = {}
+        for key, gstate in state["generators"].items():
+            g = torch.Generator(device=torch.device(key))
+            g.set_state(gstate.detach().to("cpu", torch.uint8).clone())
+            rt.generators[key] = g
+        rt.last_stats = EstimatorStats(**state.get("last_stats", {}))
+        rt.total_stats = EstimatorStats(**state.get("total_stats", {}))
 
     @property
     def last_stats(self) -> EstimatorStats:

@@ -16,7 +16,7 @@ detached offsets, so no gradient crosses the boundary.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -121,6 +121,67 @@ class BCG(Estimator):
         super().reset(seed)
         self._rt.memory = None
 
+    def close_bundles(self, env_ids: torch.Tensor | None = None) -> None:
+        """Close the open bundles of ``env_ids`` (all when None) and forget their trigger forces, as a reset does:
+        their next step runs from the incoming state, without the branches' offsets, and the lagged trigger does not
+        fire on forces of the closed bundle."""
+        mem = self._rt.memory
+        if mem is None:
+            return
+        if env_ids is None:
+            self._rt.memory = None
+            return
+        ids = torch.as_tensor(env_ids, dtype=torch.long, device=mem.left.device).flatten()
+        ids = ids[ids < mem.left.shape[0]]
+        mem.left[ids] = 0
+        mem.peak[ids] = float("nan")
+        mem.last_q[ids] = float("nan")
+        keep = ~torch.isin(mem.open_ids, ids)
+        mem.open_ids = mem.open_ids[keep]
+        if mem.off_q is not None:
+            mem.off_q, mem.off_qd = mem.off_q[keep], mem.off_qd[keep]
+
+    # ---------------------------------------------------------------------------------------- checkpoints
+
+    def state_dict(self) -> dict[str, Any]:
+        """:meth:`Estimator.state_dict` plus ``"memory"``: None, or the per-environment bookkeeping as detached
+        clones: ``left`` [E] long (control steps an open bundle still runs), ``peak`` [E, nf] (the last step's
+        trigger force per foot, for the lagged trigger), ``last_q`` [E, nq] (the state the estimator returned, which
+        tells a continuing bundle from a reset), ``open_ids`` [k] long and the open bundles' branch offsets from their
+        mean ``off_q`` [k, B, nq], ``off_qd`` [k, B, nv]."""
+        out = super().state_dict()
+        mem = self._rt.memory
+        out["memory"] = None if mem is None else {
+            name: (None if getattr(mem, name) is None else getattr(mem, name).detach().clone())
+            for name in ("left", "peak", "last_q", "open_ids", "off_q", "off_qd")}
+        return out
+
+    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
+        """:meth:`Estimator.load_state_dict` plus the open bundles and trigger memory (continued with detached
+        offsets: a checkpoint carries no graph)."""
+        super().load_state_dict(state, strict=strict)
+        saved = state.get("memory")
+        if saved is None:
+            self._rt.memory = None
+            return
+        left = saved["left"]
+        mem = _Memory(int(left.shape[0]), int(saved["last_q"].shape[1]), int(saved["peak"].shape[1]), left.device)
+        for name in ("left", "peak", "last_q", "open_ids", "off_q", "off_qd"):
+            t = saved[name]
+            setattr(mem, name, None if t is None else t.detach().clone())
+        if mem.off_q is not None and int(mem.off_q.shape[0]) != int(mem.open_ids.numel()):
+            raise ValueError(f"bcg state: {int(mem.open_ids.numel())} open bundle ids but offsets of "
+                             f"{int(mem.off_q.shape[0])} bundles")
+        self._rt.memory = mem
+
+    @property
+    def stateless(self) -> bool:
+        """True when nothing carries over between calls (H = 1 and a trigger that reads only the current step:
+        ``always``, or ``force`` with ``rollback``); then rows that repeat an environment (branch batches) are
+        accepted, each row on its own."""
+        return self.horizon == 1 and (self.trigger == "always"
+                                      or (self.trigger == "force" and self.timing == "rollback"))
+
     @property
     def open_bundles(self) -> torch.Tensor:
         """Env ids whose bundle is open (continues at their next step)."""
@@ -160,19 +221,35 @@ class BCG(Estimator):
             q1, qd1, c = self._call_inner(model, q, qd, targets, physics, env_ids, state)
             return q1, qd1, c, EstimatorStats(calls=1, envs=n, branches_simulated=n)
         ids = torch.arange(n, device=dev) if env_ids is None else env_ids.to(device=dev, dtype=torch.long)
-        if int(torch.unique(ids).numel()) != n:
-            raise ValueError("the bcg estimator keeps bundles per environment: it needs one row per environment "
-                             "(env_ids without repeats); branch a state with the grs estimator or by hand instead")
         nf = len(model.foot_body)
-        mem = self._memory(int(ids.max()) + 1, int(q.shape[1]), nf, dev)
+        if int(torch.unique(ids).numel()) == n:
+            mem = self._memory(int(ids.max()) + 1, int(q.shape[1]), nf, dev)
+            key = ids  # bookkeeping rows: the environments
+        elif self.stateless:
+            # rows that repeat an environment (branches of a state, candidate actions): nothing carries over between
+            # calls, so a private memory of this call's rows serves and the bundles of the environments stay as they are
+            mem = _Memory(n, int(q.shape[1]), nf, dev)
+            key = torch.arange(n, device=dev)
+        else:
+            uniq, counts = torch.unique(ids, return_counts=True)
+            raise ValueError(
+                f"the bcg estimator got {n} rows for {int(uniq.numel())} environments (env_ids repeat, e.g. "
+                f"{uniq[counts > 1][:4].tolist()}): with horizon={self.horizon}, trigger={self.trigger!r}, "
+                f"timing={self.timing!r} it keeps open bundles and lagged trigger forces per environment across "
+                "calls, which several rows of one environment cannot share. Expected one row per environment; for "
+                "branch batches use a configuration that keeps nothing across calls (horizon=1 with "
+                "trigger='always' or timing='rollback'), or the grs / bptt estimators")
         with torch.no_grad():
-            continues = (mem.last_q[ids] == q.detach()).all(1)  # the row is the mean this estimator returned
-            left = torch.where(continues, mem.left[ids], torch.zeros_like(ids))
+            continues = (mem.last_q[key] == q.detach()).all(1)  # the row is the mean this estimator returned
+            steps = getattr(state, "episode_steps", None)
+            if steps is not None:  # a row at the start of an episode (a reset) is never inside a bundle
+                continues &= steps.to(dev) != 0
+            left = torch.where(continues, mem.left[key], torch.zeros_like(ids))
             cont = left > 0
             if self.trigger == "always":
                 feet = torch.ones(n, nf, dtype=torch.bool, device=dev)
             elif self.timing == "lagged":
-                feet = continues[:, None] & (mem.peak[ids] > self.tau)
+                feet = continues[:, None] & (mem.peak[key] > self.tau)
             else:
                 feet = torch.zeros(n, nf, dtype=torch.bool, device=dev)
             trig = ~cont & feet.any(1)
@@ -200,7 +277,7 @@ class BCG(Estimator):
         off_q = q.new_zeros(k, B, nq)
         off_qd = qd.new_zeros(k, B, nv)
         if C.numel():
-            slot = _positions(mem.open_ids, ids[C])
+            slot = _positions(mem.open_ids, key[C])
             keep_graph = (torch.is_grad_enabled() and state is not None and mem.last_q_out is not None
                           and state.q is mem.last_q_out)
             oq, oqd = mem.off_q[slot], mem.off_qd[slot]
@@ -256,18 +333,18 @@ class BCG(Estimator):
             new_left = torch.cat([left[C], torch.full((T.numel(),), self.horizon, dtype=torch.long, device=dev)]) - 1
             alive = keep.any(1)
             stay = (new_left > 0) & alive
-            mem.left[ids] = 0
-            mem.left[ids[K]] = torch.where(stay, new_left, torch.zeros_like(new_left))
-            mem.peak[ids] = self.foot_forces(model, contact)
-            mem.last_q[ids] = q_out.detach()
-        old = ~torch.isin(mem.open_ids, ids)
+            mem.left[key] = 0
+            mem.left[key[K]] = torch.where(stay, new_left, torch.zeros_like(new_left))
+            mem.peak[key] = self.foot_forces(model, contact)
+            mem.last_q[key] = q_out.detach()
+        old = ~torch.isin(mem.open_ids, key)
         s_idx = stay.nonzero().flatten()
         new_off_q = bq.reshape(k, B, nq)[s_idx] - mq[s_idx, None]
         new_off_qd = bqd.reshape(k, B, nv)[s_idx] - mqd[s_idx, None]
         if mem.off_q is not None and bool(old.any()):
             new_off_q = torch.cat([mem.off_q[old], new_off_q])
             new_off_qd = torch.cat([mem.off_qd[old], new_off_qd])
-        mem.open_ids = torch.cat([mem.open_ids[old], ids[K][s_idx]])
+        mem.open_ids = torch.cat([mem.open_ids[old], key[K][s_idx]])
         mem.off_q, mem.off_qd = new_off_q, new_off_qd
         mem.last_q_out = q_out
         stats = EstimatorStats(calls=1, envs=n, envs_triggered=int(T.numel()), branches_simulated=simulated,
