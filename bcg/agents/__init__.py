@@ -10,6 +10,12 @@ from bcg._lazy import lazy_getattr
 _LAZY: dict[str, str] = {
     "Agent": "bcg.agents.base",
     "METRIC_NAMES": "bcg.agents.base",
+    "ExportedPolicy": "bcg.agents.export",
+    "load_policy": "bcg.agents.export",
+    "policy_export": "bcg.agents.export",
+    "save_policy": "bcg.agents.export",
+    "load_checkpoint": "bcg.agents.checkpoint",
+    "save_checkpoint": "bcg.agents.checkpoint",
 }
 
 __all__ = sorted(_LAZY)
