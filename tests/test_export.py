@@ -35,8 +35,8 @@ def _mlp(d: int, a: int, seed: int = 0) -> nn.Sequential:
 
 def _export(env, net, obs_clip=5.0):
     g = torch.Generator().manual_seed(1)
-    mean = torch.randn(env.obs_dim, generator=g)
-    var = torch.rand(env.obs_dim, generator=g) + 0.1
+    mean = torch.randn(env.obs_dim, generator=g, dtype=torch.float64)
+    var = torch.rand(env.obs_dim, generator=g, dtype=torch.float64) + 0.1
     return policy_export(net, mean, var, obs_eps=1e-5, obs_clip=obs_clip, env=env, agent="test"), mean, var
 
 
@@ -46,7 +46,8 @@ def test_round_trip_same_outputs(env, tmp_path):
     path = save_policy(tmp_path / "policy.pt", exp)
     pol = load_policy(path)
     obs = 3.0 * torch.randn(7, env.obs_dim)
-    expected = net(((obs - mean) / torch.sqrt(var + 1e-5)).clamp(-5.0, 5.0))
+    # the formula of the agents' FrozenNormalizer (bcg.agents.normalization): float64 statistics, cast to float32
+    expected = net(((obs - mean.float()) * torch.rsqrt(var + 1e-5).float()).clamp(-5.0, 5.0))
     got = pol(obs)
     assert torch.equal(got, expected.detach())  # same float32 operations in the same order: bit for bit
     assert pol(obs[None]).shape == (1, 7, 29)
@@ -58,7 +59,8 @@ def test_no_clip_and_env_observation(env, tmp_path):
     exp, mean, var = _export(env, net, obs_clip=None)
     pol = load_policy(save_policy(tmp_path / "p.pt", exp))
     obs = env.observe()
-    assert torch.equal(pol(obs), net((obs - mean) / torch.sqrt(var + 1e-5)).detach())
+    ref = net((obs - mean.float()) / torch.sqrt(var + 1e-5).float()).detach()
+    assert torch.allclose(pol(obs), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_action_map_layout_hash(env, tmp_path):

@@ -6,7 +6,7 @@ observation normaliser and its environment; :func:`save_policy` writes the resul
 back as an :class:`ExportedPolicy`, a small ``torch.nn.Module``:
 
 * ``policy(obs)``: observation [..., 849] (the env's raw observation) -> raw action a [..., 29], i.e.
-  ``mean_net(clip((obs - obs_mean) / sqrt(obs_var + obs_eps), -obs_clip, obs_clip))``, before the env's tanh;
+  ``mean_net(clip((obs - obs_mean) * rsqrt(obs_var + obs_eps), -obs_clip, obs_clip))``, before the env's tanh;
 * ``policy.action_to_target(a)``: PD joint targets [..., 29] [rad] = q_default + s_a tanh(a) (no domain-randomisation
   offset), the env's action map;
 * metadata: ``observation_layout`` (term, size), ``mjcf_sha256`` (sha256 of the robot MJCF the env simulated),
@@ -114,8 +114,11 @@ def policy_export(mean_net: nn.Sequential, obs_mean: torch.Tensor, obs_var: torc
     Args:
         mean_net: observation normalised [..., D] -> raw action a [..., A] (before the env's tanh); an
             ``nn.Sequential`` of Linear / LayerNorm / ELU / ReLU / Tanh / SiLU / Identity.
-        obs_mean, obs_var: [D] running mean and variance of the observations (the normaliser's statistics).
-        obs_eps: added to the variance: the policy sees ``(obs - obs_mean) / sqrt(obs_var + obs_eps)``.
+        obs_mean, obs_var: [D] running mean and variance of the observations (the normaliser's statistics; kept in
+            float64).
+        obs_eps: added to the variance: the policy sees ``(obs - obs_mean) * rsqrt(obs_var + obs_eps)`` (mean and
+            rsqrt in float64, cast to the observation's dtype: the same numbers as
+            :class:`bcg.agents.normalization.FrozenNormalizer`).
         obs_clip: the normalised observation is clipped to [-obs_clip, obs_clip] (None: no clipping).
         env: the :class:`bcg.envs.G1TrackingVectorEnv` the agent trained on (action map, observation layout, model).
         agent: the agent's name ("shac", "ppo", ...).
@@ -125,8 +128,9 @@ def policy_export(mean_net: nn.Sequential, obs_mean: torch.Tensor, obs_var: torc
 
     specs, tensors = _encode_layers(mean_net)
     d, a = int(env.obs_dim), int(env.single_action_space.shape[0])
-    obs_mean = torch.as_tensor(obs_mean).detach().to("cpu", torch.float32).reshape(-1).clone()
-    obs_var = torch.as_tensor(obs_var).detach().to("cpu", torch.float32).reshape(-1).clone()
+    # float64, as the running normalisers keep them: the loaded policy normalises exactly as the agent did
+    obs_mean = torch.as_tensor(obs_mean).detach().to("cpu", torch.float64).reshape(-1).clone()
+    obs_var = torch.as_tensor(obs_var).detach().to("cpu", torch.float64).reshape(-1).clone()
     if obs_mean.shape != (d,) or obs_var.shape != (d,):
         raise ValueError(f"obs_mean and obs_var must have shape [{d}] (the env's observation), got "
                          f"{tuple(obs_mean.shape)} and {tuple(obs_var.shape)}")
@@ -184,7 +188,7 @@ class ExportedPolicy(nn.Module):
 
     Attributes: ``meta`` (the whole metadata dict), ``observation_layout`` (list of (term, size)), ``mjcf_sha256``,
     ``motion`` (name, source, frames), ``agent``, ``bcg_version``, ``obs_eps``, ``obs_clip``; buffers ``obs_mean``,
-    ``obs_var`` [D], ``default_joint_pos``, ``action_scale`` [A]; the network ``mean_net``.
+    ``obs_var`` [D] (float64), ``default_joint_pos``, ``action_scale`` [A]; the network ``mean_net``.
     """
 
     def __init__(self, meta: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]):
@@ -202,7 +206,7 @@ class ExportedPolicy(nn.Module):
             if not isinstance(t, torch.Tensor) or t.shape != (size,):
                 raise PolicyFileError(f"tensor {name!r} must have shape [{size}], got "
                                       f"{None if not isinstance(t, torch.Tensor) else tuple(t.shape)}")
-            self.register_buffer(name, t.to(torch.float32))
+            self.register_buffer(name, t if name.startswith("obs_") else t.to(torch.float32))
         self.obs_eps = float(meta["obs_eps"])
         self.obs_clip = None if meta["obs_clip"] is None else float(meta["obs_clip"])
         self.observation_layout = [(str(n), int(s)) for n, s in meta["observation_layout"]]
@@ -213,8 +217,9 @@ class ExportedPolicy(nn.Module):
         self.eval()
 
     def normalize(self, obs: torch.Tensor) -> torch.Tensor:
-        """Normalised observation [..., D]: (obs - mean) / sqrt(var + eps), clipped to +-obs_clip."""
-        x = (obs.to(self.obs_mean) - self.obs_mean) / torch.sqrt(self.obs_var + self.obs_eps)
+        """Normalised observation [..., D] (float32): (obs - mean) * rsqrt(var + eps), clipped to +-obs_clip."""
+        obs = obs.to(torch.float32)
+        x = (obs - self.obs_mean.to(obs.dtype)) * torch.rsqrt(self.obs_var + self.obs_eps).to(obs.dtype)
         return x if self.obs_clip is None else x.clamp(-self.obs_clip, self.obs_clip)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
