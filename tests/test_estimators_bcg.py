@@ -4,6 +4,7 @@ reset or a restored state, window boundaries (env.detach) inside a bundle, deter
 
 from __future__ import annotations
 
+import gymnasium as gym
 import pytest
 import torch
 from test_estimators import N, _actions, _env, _rollout
@@ -188,3 +189,99 @@ def test_antithetic_pairs_on_linear_dynamics_give_the_nominal_step() -> None:
     n2 = linear(env.model, *nominal[:2], targets)
     torch.testing.assert_close(q2, n2[0], rtol=0, atol=4e-6)
     torch.testing.assert_close(qd2, n2[1], rtol=0, atol=4e-6)
+
+
+# ------------------------------------------------------------------------------------------------ resets, row layouts
+
+
+def _plain_env(est, **kw):
+    env = gym.make_vec("BCG-G1-Jump-v0", num_envs=N, differentiable=False, **kw)
+    est.attach(env)
+    env.reset(seed=0)
+    return env
+
+
+def test_an_autoreset_inside_an_open_bundle_closes_it() -> None:
+    """METHOD.md 3.9 / issue 9: a bundle never straddles a reset. Episodes of 2 steps, bundles of H = 3: env 1 is
+    reset by hand after step 0, so at step 1 envs 0 and 2 are inside their bundles and truncate (autoreset) while
+    env 1 opened a new one. At step 2 envs 0 and 2 must start new bundles from their new episodes (not continue with
+    the old episode's branch offsets), env 1 continues; the result equals an estimator whose bundles of envs 0 and 2
+    were closed by hand, bit for bit."""
+    params = {"trigger": "always", "branches": 3, "horizon": 3, "seed": 1}
+    est = BCG(**params)
+    env = _plain_env(est, max_episode_steps=2)
+    env.step(_actions(env, 0))
+    env.reset(options={"reset_mask": [False, True, False]})
+    _, _, _, trunc, _ = env.step(_actions(env, 1))
+    assert trunc.tolist() == [True, False, True] and est.last_stats.envs_triggered == 1
+    assert est.open_bundles.tolist() == [0, 2, 1]       # as far as the estimator knows, all three are open
+    snap, sd = env.state.clone(), est.state_dict()
+    a2 = _actions(env, 2)
+    obs, rew, *_ = env.step(a2)
+    assert est.last_stats.envs_triggered == 2 and est.last_stats.branches_simulated == 3 * N
+    assert sorted(est.open_bundles.tolist()) == [0, 1, 2]
+    assert est.state_dict()["memory"]["left"].tolist() == [2, 1, 2]  # new bundles: H - 1 left; env 1: its last
+
+    ref = BCG(**params)
+    env_ref = _plain_env(ref, max_episode_steps=2)
+    env_ref.load_state(snap)
+    ref.load_state_dict(sd)
+    ref.close_bundles(torch.tensor([0, 2]))
+    obs_ref, rew_ref, *_ = env_ref.step(a2)
+    assert torch.equal(obs, obs_ref) and torch.equal(rew, rew_ref) and ref.last_stats == est.last_stats
+
+    # the lagged force trigger does not fire on the forces of the episode before the reset
+    lag = BCG(tau=20.0, branches=2, horizon=1)
+    env = _plain_env(lag, max_episode_steps=2)
+    env.step(_actions(env, 0))
+    _, _, _, trunc, _ = env.step(_actions(env, 1))
+    assert trunc.all() and lag.last_stats.envs_triggered > 0
+    env.step(_actions(env, 2))
+    assert lag.last_stats.envs_triggered == 0 and lag.last_stats.branches_simulated == N
+
+
+def test_branch_batches_and_gathered_rows() -> None:
+    """``env.transition`` on rows that repeat an environment (``state.repeat_interleave(k)``): refused with the
+    reason where bcg keeps bundles or lagged forces across calls; accepted where nothing carries over (H = 1 with
+    trigger always or rollback), each row on its own (= grs with the same seed, bit for bit) and without touching the
+    environments' bookkeeping. Gathered rows of distinct environments continue their own bundles and leave the others
+    open."""
+    from bcg.estimators.grs import GRS
+
+    k = 2
+    with torch.no_grad():
+        est = BCG(trigger="always", branches=3, horizon=2, seed=4)
+        env = _plain_env(est)
+        s = env.state
+        a = _actions(env, 0).detach()
+        with pytest.raises(ValueError, match=r"6 rows for 3 environments.*one row per environment.*horizon=1"):
+            env.transition(s.repeat_interleave(k), a.repeat_interleave(k, 0))
+        for bad in (BCG(tau=20.0), BCG(tau=20.0, horizon=1), BCG(timing="rollback")):  # lagged, or H > 1
+            with pytest.raises(ValueError, match="env_ids repeat"):
+                bad.attach(env)
+                env.transition(s.repeat_interleave(k), a.repeat_interleave(k, 0))
+
+        one = BCG(trigger="always", branches=3, horizon=1, seed=4)
+        grs = GRS(branches=3, seed=4)
+        got = one.attach(env).transition(s.repeat_interleave(k), a.repeat_interleave(k, 0))[0]
+        want = grs.attach(env).transition(s.repeat_interleave(k), a.repeat_interleave(k, 0))[0]
+        assert torch.equal(got.q, want.q) and torch.equal(got.qd, want.qd)
+        assert one.last_stats.envs == k * N and one.last_stats.envs_triggered == k * N
+        assert not torch.equal(got.q[0::2], got.q[1::2])  # the copies of an environment draw their own offsets
+        roll = BCG(tau=20.0, branches=2, horizon=1, timing="rollback")
+        roll.attach(env).transition(s.repeat_interleave(k), a.repeat_interleave(k, 0))
+        assert roll.last_stats.envs == k * N and roll.last_stats.branches_simulated >= k * N
+
+        # gathered rows (distinct environments) of a state whose bundles are open
+        est.attach(env)
+        env.step(a)
+        assert est.open_bundles.tolist() == [0, 1, 2]
+        idx = torch.tensor([0, 2])
+        env.transition(env.state[idx], _actions(env, 1).detach()[idx])
+        assert est.last_stats.envs_triggered == 0 and est.last_stats.branches_simulated == 2 * 3
+        assert est.open_bundles.tolist() == [1]  # 0 and 2 closed after their H = 2 steps; 1 is still open
+        # a branch call of a stateless estimator leaves the environments' memory alone
+        one.attach(env)
+        before = one.state_dict()["memory"]
+        env.transition(env.state.repeat_interleave(k), _actions(env, 1).detach().repeat_interleave(k, 0))
+        assert one.state_dict()["memory"] is None and before is None
