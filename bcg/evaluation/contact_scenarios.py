@@ -247,27 +247,20 @@ def run_bcg(scenario: Scenario, **params: float) -> ContactTrace:
 
 
 def run_mujoco(scenario: Scenario) -> ContactTrace:
-    """The scenario in C MuJoCo on :data:`bcg.robots.g1.SCENE_PATH` (its own contacts, 5 ms, ``implicitfast``)."""
-    import mujoco
-
+    """The scenario in C MuJoCo on :data:`bcg.robots.g1.SCENE_PATH` (its own contacts, 5 ms, ``implicitfast``), through
+    the project's one MuJoCo PD loop (:class:`bcg.evaluation.mujoco_loop.MujocoLoop`) with one substep per call so
+    that every 5 ms step is sampled."""
+    from bcg.evaluation.mujoco_loop import MujocoLoop
     from bcg.robots import g1
 
-    m = mujoco.MjModel.from_xml_path(str(g1.SCENE_PATH))
-    m.opt.timestep = DT
-    d = mujoco.MjData(m)
+    loop = MujocoLoop(1, substeps=1, timestep=DT)
     q0, qd0 = scenario.initial_state()
-    d.qpos[:] = q0
-    d.qvel[:] = qd0
-    d.ctrl[:] = g1.DEFAULT_JOINT_POS
+    loop.set_state(q0[None], qd0[None])
+    targets = np.asarray(g1.DEFAULT_JOINT_POS)[None]
     n = int(round(scenario.seconds / DT))
-    qs, imp = np.empty((n, m.nq)), np.empty(n)
-    force = np.zeros(6)
+    qs, imp = np.empty((n, loop.nq)), np.empty(n)
     for k in range(n):
-        mujoco.mj_step(m, d)
-        total = 0.0
-        for c in range(d.ncon):
-            mujoco.mj_contactForce(m, d, c, force)  # contact frame: force[0] is the normal component
-            total += force[0] * DT
-        qs[k] = d.qpos
-        imp[k] = total
+        out = loop.step(targets)
+        qs[k] = out.qpos[0]
+        imp[k] = float(out.contact.impulse.sum())
     return ContactTrace.from_qpos(scenario.name, q0, qs, imp)
