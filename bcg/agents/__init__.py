@@ -10,6 +10,8 @@ from bcg._lazy import lazy_getattr
 _LAZY: dict[str, str] = {
     "Agent": "bcg.agents.base",
     "METRIC_NAMES": "bcg.agents.base",
+    "ADDConfig": "bcg.agents.add",
+    "ADDReward": "bcg.agents.add",
     "ExportedPolicy": "bcg.agents.export",
     "load_policy": "bcg.agents.export",
     "policy_export": "bcg.agents.export",
