@@ -1,0 +1,649 @@
+"""SHAC: Short-Horizon Actor-Critic (Xu et al., ICLR 2022) through a pluggable gradient estimator.
+
+A single-file reference implementation (METHOD.md section 5), read top to bottom:
+
+1. :class:`SHACConfig` (the paper's settings as defaults) and :data:`PRESETS`;
+2. the **rollout** of one window: N control steps of E environments through the configured estimator (``bptt``,
+   ``grs``, ``bcg``, ...), accumulating the actor loss with its critic bootstrap;
+3. the **losses**: the actor loss (built during the rollout), the TD(lambda) critic targets and the critic loss;
+4. the **update**: actor step, critic regression, target critics, the ADD discriminator, metrics;
+5. the exact state (``state_dict`` / ``load_state_dict``) and the policy export.
+
+One iteration (``train_iteration``) is one window: the environment state is detached at the window start (no
+gradient crosses windows), the observation normaliser is frozen for the window while its running statistics keep
+updating, the actor is differentiated through the simulator over the window, then the critics regress TD(lambda)
+targets of the same window.
+
+Guards (METHOD.md 10.2, R1/R2): an actor or critic step whose gradient norm before clipping is non-finite or above
+``SHACConfig.skip_grad_norm`` is skipped (never applied) and counted; environments whose state became non-finite
+are reset by the environment (reward 0, terminated, gradient blocked) and counted from ``info["num_unstable"]``;
+a time-out's bootstrap value is 0 when its pre-reset observation is non-finite or beyond ``max_bootstrap_obs``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from bcg.agents.networks import ACTIVATIONS, CriticEnsemble, GaussianActor
+from bcg.agents.normalization import FrozenNormalizer, RunningMeanStd
+from bcg.envs.config import EnvConfig
+
+__all__ = ["PRESETS", "SHAC", "SHACConfig", "td_lambda_targets"]
+
+
+# ==================================================================================================== 1. config
+
+
+@dataclass(frozen=True)
+class SHACConfig:
+    """Options of SHAC (defaults: METHOD.md 5.3, BCG's SHAC table, and 5.4's SAPO conventions where it is silent)."""
+
+    num_envs: int = 64
+    """E, parallel environments (BCG: 64 for SHAC+BCG, 128 for vanilla SHAC)."""
+    horizon: int = 32
+    """N, control steps per window (one iteration = one window; gradients never cross windows)."""
+    gamma: float = 0.99
+    """Discount factor."""
+    lam: float = 0.95
+    """lambda of the TD(lambda) critic targets."""
+    actor_lr: float = 5e-3
+    """Initial actor learning rate."""
+    critic_lr: float = 2e-3
+    """Initial critic learning rate."""
+    lr_schedule: Literal["linear", "constant"] = "linear"
+    """"linear": lr_e = lr_0 + (final_lr - lr_0) min(e / max_iterations, 1) for actor and critic; "constant"."""
+    final_lr: float = 1e-5
+    """Learning rate reached at max_iterations by the linear schedule."""
+    max_iterations: int = 3000
+    """Length of the learning-rate schedule in iterations (BCG trains 3000)."""
+    betas: tuple[float, float] = (0.7, 0.95)
+    """Adam (beta1, beta2) of both optimisers."""
+    num_critics: int = 3
+    """Critics in the ensemble. Critic targets bootstrap with the min over the critics, the actor with the mean."""
+    target_critic_alpha: float = 0.995
+    """Polyak weight of the old target critics, phi' <- alpha phi' + (1 - alpha) phi after every iteration (DiffRL
+    humanoid: 0.995). 0 means no target critic (SAPO): the bootstrap is the critics as they were at the window
+    start."""
+    critic_iterations: int = 16
+    """Passes of critic regression over the window's N * E samples per iteration."""
+    critic_minibatches: int = 4
+    """Contiguous minibatches per pass (no shuffling, as DiffRL)."""
+    actor_grad_norm: float = 1.0
+    """Global gradient-norm clip of the actor."""
+    critic_grad_norm: float = 10.0
+    """Global gradient-norm clip of the critics."""
+    skip_grad_norm: float = 1e6
+    """An actor or critic step whose gradient norm before clipping is non-finite or above this is skipped and
+    counted (skipped_updates), never applied."""
+    init_action_std: float = 1.0
+    """Initial standard deviation of the Gaussian action noise (learned, state-independent)."""
+    obs_norm: bool = True
+    """Normalise observations with running mean / std (frozen inside a window)."""
+    obs_clip: float | None = 10.0
+    """Bound of the normalised observations (None: unbounded)."""
+    obs_eps: float = 1e-5
+    """Added to the observation variance before the square root."""
+    ret_norm: bool = True
+    """Divide rewards by the running std of the discounted return, sqrt(Var[ret] + 1e-6); the actor loss is scaled
+    back by the same factor (DiffRL's ret_rms)."""
+    rew_scale: float = 1.0
+    """Constant factor on the environment reward."""
+    max_bootstrap_obs: float = 1e6
+    """A time-out whose pre-reset observation has an entry beyond this (or non-finite) bootstraps with 0."""
+    actor_hidden: tuple[int, ...] = (512, 256, 128)
+    """Hidden widths of the actor's mean network."""
+    critic_hidden: tuple[int, ...] = (256, 256)
+    """Hidden widths of each critic."""
+    activation: Literal["elu", "relu", "tanh", "silu"] = "elu"
+    """Hidden activation of actor and critics (followed by LayerNorm)."""
+    layer_norm: bool = True
+    """LayerNorm after every hidden activation."""
+
+    def __post_init__(self) -> None:
+        def integer(name: str, minimum: int) -> None:
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or int(v) < minimum:
+                raise ValueError(f"SHACConfig.{name} must be an integer >= {minimum}, got {v!r}")
+            object.__setattr__(self, name, int(v))
+
+        def real(name: str, lo: float, hi: float = math.inf, lo_open: bool = False, hi_open: bool = False) -> None:
+            v = getattr(self, name)
+            ok = isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+            ok = ok and (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+            if not ok:
+                rng = f"{'(' if lo_open else '['}{lo}, {hi}{')' if hi_open else ']'}"
+                raise ValueError(f"SHACConfig.{name} must be a finite number in {rng}, got {v!r}")
+            object.__setattr__(self, name, float(v))
+
+        for name in ("num_envs", "horizon", "max_iterations", "num_critics", "critic_iterations",
+                     "critic_minibatches"):
+            integer(name, 1)
+        real("gamma", 0.0, 1.0, hi_open=False)
+        real("lam", 0.0, 1.0)
+        for name in ("actor_lr", "critic_lr", "final_lr"):
+            real(name, 0.0)
+        real("target_critic_alpha", 0.0, 1.0, hi_open=True)
+        for name in ("actor_grad_norm", "critic_grad_norm", "skip_grad_norm", "init_action_std", "rew_scale",
+                     "max_bootstrap_obs"):
+            real(name, 0.0, lo_open=True)
+        real("obs_eps", 0.0)
+        if self.obs_clip is not None:
+            real("obs_clip", 0.0, lo_open=True)
+        if self.lr_schedule not in ("linear", "constant"):
+            raise ValueError(f"SHACConfig.lr_schedule must be 'linear' or 'constant', got {self.lr_schedule!r}")
+        betas = tuple(self.betas)
+        if len(betas) != 2 or not all(isinstance(b, numbers.Real) and 0.0 <= b < 1.0 for b in betas):
+            raise ValueError(f"SHACConfig.betas must be two numbers in [0, 1), got {self.betas!r}")
+        object.__setattr__(self, "betas", (float(betas[0]), float(betas[1])))
+        for name in ("actor_hidden", "critic_hidden"):
+            widths = tuple(getattr(self, name))
+            if not all(isinstance(w, numbers.Integral) and not isinstance(w, bool) and w >= 1 for w in widths):
+                raise ValueError(f"SHACConfig.{name} must be a tuple of integers >= 1, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, tuple(int(w) for w in widths))
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"SHACConfig.activation must be one of {sorted(ACTIVATIONS)}, got {self.activation!r}")
+        if self.critic_minibatches > self.num_envs * self.horizon:
+            raise ValueError(f"SHACConfig.critic_minibatches ({self.critic_minibatches}) exceeds the window's "
+                             f"num_envs * horizon = {self.num_envs * self.horizon} samples")
+
+
+PRESETS: dict[str, SHACConfig] = {
+    "paper": SHACConfig(),
+    # 2 CPU cores: 16 environments x 32 steps (about 1 s of simulation per iteration), smaller networks, a
+    # schedule of 500 iterations and no target critic: with alpha = 0.995 the target would still be 86 % the random
+    # initial critic after the ~30 iterations a CPU run of a few minutes gets (0.995^30).
+    "cpu-small": SHACConfig(num_envs=16, horizon=32, max_iterations=500, actor_hidden=(256, 128),
+                            critic_hidden=(128, 128), target_critic_alpha=0.0),
+}
+"""Named configurations: ``"paper"`` (METHOD.md 5.3) and ``"cpu-small"`` (learns something visible within minutes
+on 2 CPU cores)."""
+
+
+def make_env(config: SHACConfig, env_config: EnvConfig) -> Any:
+    """The differentiable batched environment of ``config.num_envs`` environments (``env_config`` with
+    ``differentiable=True``; the clip is ``env_config.motion_file``, default ``run``)."""
+    from bcg.envs.vector_env import G1TrackingVectorEnv
+
+    if not isinstance(env_config, EnvConfig):
+        raise TypeError(f"env_config must be a bcg.envs.EnvConfig, got {type(env_config).__name__}")
+    if not env_config.autoreset:
+        raise ValueError("SHAC needs EnvConfig.autoreset=True (finished environments reset inside step)")
+    cfg = dataclasses.replace(env_config, differentiable=True)
+    return G1TrackingVectorEnv(config.num_envs, config=cfg, default_motion="run")
+
+
+def _derived_seed(seed: int, stream: int) -> int:
+    """A seed in [0, 2^63) for one random stream of the agent (networks, action noise, env, estimator)."""
+    x = (int(seed) * 0x9E3779B97F4A7C15 + stream * 0xBF58476D1CE4E5B9) & (2**64 - 1)
+    x ^= x >> 31
+    return x & (2**63 - 1)
+
+
+@dataclass
+class Window:
+    """What one rollout recorded (N steps x E environments)."""
+
+    actor_loss: torch.Tensor
+    """Scalar actor loss with its graph (already scaled back by the return std when ret_norm is on)."""
+    critic_obs: torch.Tensor
+    """[N, E, D] normalised noise-free observations at the start of every step (detached)."""
+    rewards: torch.Tensor
+    """[N, E] rewards as the critic sees them (scaled, divided by the return std; detached)."""
+    next_values: torch.Tensor
+    """[N, E] bootstrap of the critic targets V'(s_{t+1}) (min over the target critics; 0 after falls)."""
+    dones: torch.Tensor
+    """[N, E] bool: episode ended at step t (terminated or truncated)."""
+    stats: dict[str, float]
+    """Rollout scalars (raw reward, tracking error, episodes, trigger rate, samples, unstable resets)."""
+
+
+class SHAC:
+    """SHAC on the differentiable G1 tracking environment (implements :class:`bcg.agents.base.Agent`).
+
+    Args:
+        config: a :class:`SHACConfig` (e.g. ``PRESETS["cpu-small"]``).
+        env_config: the environment's :class:`~bcg.envs.EnvConfig` (``differentiable`` is forced on).
+        estimator: the gradient estimator (a :class:`bcg.estimators.Estimator`); None means ``bptt``. Its random
+            draws are reseeded from its own ``seed`` field and ``seed`` (seed 0 keeps the field's draws).
+        add: an ``bcg.agents.add.ADDConfig`` to train with the ADD imitation reward (installed as the env's
+            reward); None keeps the env's own reward (``env_config.reward``, default tracking).
+        seed: seeds the networks, the action noise, the environment's resets and the estimator.
+    """
+
+    def __init__(self, config: SHACConfig, env_config: EnvConfig, estimator: Any = None, add: Any = None,
+                 seed: int = 0):
+        from bcg.estimators import Estimator, make
+
+        if not isinstance(config, SHACConfig):
+            raise TypeError(f"config must be a SHACConfig, got {type(config).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= int(seed) < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2^63 - 1], got {seed!r}")
+        if estimator is None:
+            estimator = make("bptt")
+        if not isinstance(estimator, Estimator):
+            raise TypeError(f"estimator must be a bcg.estimators.Estimator or None, got {type(estimator).__name__}")
+        self.config = config
+        self.seed = int(seed)
+        self.env = make_env(config, env_config)
+        self.device = self.env.device
+        self.estimator = estimator
+        estimator.attach(self.env)
+        estimator.reset(seed=(int(getattr(estimator, "seed", 0)) + 1_000_003 * self.seed) % 2**63)
+        self.add_reward: Any = None
+        if add is not None:
+            from bcg.agents.add import ADDReward
+
+            self.add_reward = ADDReward(self.env, add, seed=self.seed)
+            self.env.reward_fn = self.add_reward
+
+        obs_dim, act_dim = int(self.env.single_observation_space.shape[0]), int(self.env.single_action_space.shape[0])
+        self.obs_dim, self.act_dim = obs_dim, act_dim
+        with torch.random.fork_rng(devices=[]):  # network initialisation from the seed, global RNG untouched
+            torch.manual_seed(_derived_seed(self.seed, 1))
+            self.actor = GaussianActor(obs_dim, act_dim, config.actor_hidden, config.activation, config.layer_norm,
+                                       config.init_action_std).to(self.device)
+            self.critics = CriticEnsemble(obs_dim, config.critic_hidden, config.num_critics, config.activation,
+                                          config.layer_norm).to(self.device)
+        self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
+        self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=config.actor_lr, betas=config.betas)
+        self.critic_opt = torch.optim.Adam(self.critics.parameters(), lr=config.critic_lr, betas=config.betas)
+        self.obs_rms = RunningMeanStd(obs_dim, eps=config.obs_eps, clip=config.obs_clip, device=self.device)
+        self.ret_rms = RunningMeanStd((), eps=1e-6, device=self.device)
+        self.noise_gen = torch.Generator(device=self.device).manual_seed(_derived_seed(self.seed, 2))
+        """Generator of the action noise (saved and restored with the agent)."""
+
+        self.iteration = 0
+        self.samples = 0
+        self.skipped_actor_updates = 0
+        self.skipped_critic_updates = 0
+        self.nonfinite_resets = 0
+        obs, info = self.env.reset(seed=_derived_seed(self.seed, 3) % 2**62)
+        self._obs = obs.detach()
+        self._critic_obs = info.get("critic_obs", obs).detach()
+        if config.obs_norm:
+            self.obs_rms.update(self._obs)
+        n = config.num_envs
+        self._ret = torch.zeros(n, dtype=torch.float64, device=self.device)  # discounted return for ret_rms
+        self._ep_return = torch.zeros(n, dtype=torch.float64, device=self.device)
+        self._ep_length = torch.zeros(n, dtype=torch.long, device=self.device)
+
+    @property
+    def skipped_updates(self) -> int:
+        """Actor and critic steps skipped so far (non-finite or absurd gradient norm)."""
+        return self.skipped_actor_updates + self.skipped_critic_updates
+
+    # ================================================================================================ 2. rollout
+
+    def _normalizer(self) -> FrozenNormalizer | None:
+        return self.obs_rms.frozen() if self.config.obs_norm else None
+
+    def _rollout(self, norm: FrozenNormalizer | None, ret_std: float) -> Window:
+        """One window of N steps from the current (detached) state; returns the actor loss and the critic data.
+
+        Actor loss (METHOD.md 5.1 step 3), minimised, per environment and per segment [t0, t1] of the window
+        (a segment ends at an episode end or at the window end; discount and sum restart after an episode end):
+        ``-(sum_t gamma^(t - t0) r_t + gamma^(t1 - t0 + 1) V(s_{t1 + 1}))``, summed and divided by N E. The bootstrap
+        V is the mean over the target critics of the next (noise-free, normalised) observation, differentiated
+        through the observation: 0 after a fall (terminated), the pre-reset observation's value after a time-out
+        (0 if that observation is non-finite or beyond ``max_bootstrap_obs``).
+        """
+        cfg, env = self.config, self.env
+        n_steps, n_envs = cfg.horizon, cfg.num_envs
+        normalize = norm.normalize if norm is not None else (lambda x: x)
+        obs, cobs = self._obs.detach(), self._critic_obs.detach()
+        dtype, dev = obs.dtype, obs.device
+        critic_obs = torch.empty(n_steps, n_envs, self.obs_dim, dtype=dtype, device=dev)
+        rewards = torch.empty(n_steps, n_envs, dtype=dtype, device=dev)
+        next_values = torch.empty(n_steps, n_envs, dtype=dtype, device=dev)
+        dones = torch.empty(n_steps, n_envs, dtype=torch.bool, device=dev)
+        disc = torch.ones(n_envs, dtype=dtype, device=dev)     # gamma^(t - t0)
+        acc = torch.zeros(n_envs, dtype=dtype, device=dev)     # sum_t gamma^(t - t0) r_t of the open segment
+        loss = torch.zeros((), dtype=dtype, device=dev)
+        st = dict(reward=0.0, tracking=0.0, ep_ret=0.0, ep_len=0.0, episodes=0, envs=0, triggered=0, branches=0,
+                  unstable=0)
+        for t in range(n_steps):
+            last = t == n_steps - 1
+            critic_obs[t] = normalize(cobs).detach()
+            noise = torch.randn(n_envs, self.act_dim, generator=self.noise_gen, device=dev, dtype=dtype)
+            actions = self.actor(normalize(obs), noise)
+            obs, reward, terminated, truncated, info = env.step(actions)
+            cobs = info.get("critic_obs", obs)
+            final = info.get("final_critic_obs", info["final_obs"])  # = the next observation where not done
+            done = terminated | truncated
+            raw = reward.detach()
+            r = reward * cfg.rew_scale
+            if cfg.obs_norm:
+                self.obs_rms.update(obs)
+            if cfg.ret_norm:
+                with torch.no_grad():
+                    self._ret = self._ret * cfg.gamma + r.detach().to(torch.float64)
+                    self.ret_rms.update(self._ret)
+                    self._ret = torch.where(done, torch.zeros_like(self._ret), self._ret)
+                r = r / ret_std
+
+            # bootstrap values of the next state (the pre-reset state for environments that finished)
+            with torch.no_grad():
+                fd = final.detach()
+                bad = ~torch.isfinite(fd).all(1) | (fd.abs() > cfg.max_bootstrap_obs).any(1)
+                zero = terminated | bad
+            boot_obs = normalize(torch.where(bad[:, None], torch.zeros_like(final), final))
+            with torch.no_grad():
+                v_target = torch.nan_to_num(self.target_critics.min(boot_obs.detach()), nan=0.0, posinf=0.0,
+                                            neginf=0.0)
+                v_target = torch.where(zero, torch.zeros_like(v_target), v_target)
+            acc = acc + disc * r
+            end = done | last
+            if last or bool(truncated.any()):
+                v_actor = self.target_critics.mean(boot_obs)
+                v_actor = torch.where(zero, torch.zeros_like(v_actor), v_actor)
+                seg = acc + cfg.gamma * disc * v_actor
+            else:  # only falls end segments here, and they bootstrap with 0
+                seg = acc
+            loss = loss - torch.where(end, seg, torch.zeros_like(seg)).sum()
+            disc = torch.where(done, torch.ones_like(disc), disc * cfg.gamma)
+            acc = torch.where(done, torch.zeros_like(acc), acc)
+
+            rewards[t] = r.detach()
+            next_values[t] = v_target
+            dones[t] = done
+            # statistics
+            with torch.no_grad():
+                self._ep_return += raw.to(torch.float64)
+                self._ep_length += 1
+                if bool(done.any()):
+                    st["ep_ret"] += float(self._ep_return[done].sum())
+                    st["ep_len"] += float(self._ep_length[done].sum())
+                    st["episodes"] += int(done.sum())
+                    self._ep_return = torch.where(done, torch.zeros_like(self._ep_return), self._ep_return)
+                    self._ep_length = torch.where(done, torch.zeros_like(self._ep_length), self._ep_length)
+                st["reward"] += float(raw.mean())
+                st["tracking"] += float(info["tracking_error"].mean())
+                est = info.get("estimator")
+                st["envs"] += int(est["envs"]) if est else n_envs
+                st["triggered"] += int(est["envs_triggered"]) if est else 0
+                st["branches"] += int(est["branches_simulated"]) if est else n_envs
+                st["unstable"] += int(info.get("num_unstable", 0))
+        self._obs, self._critic_obs = obs.detach(), cobs.detach()
+        loss = loss / (n_steps * n_envs)
+        if cfg.ret_norm:
+            loss = loss * ret_std  # back to the reward's scale (DiffRL)
+        stats = {
+            "reward": st["reward"] / n_steps,
+            "tracking_error_cm": 100.0 * st["tracking"] / n_steps,
+            "episode_return": st["ep_ret"] / st["episodes"] if st["episodes"] else math.nan,
+            "episode_length": st["ep_len"] / st["episodes"] if st["episodes"] else math.nan,
+            "episodes": float(st["episodes"]),
+            "trigger_rate": st["triggered"] / st["envs"] if st["envs"] else 0.0,
+            "branches": float(st["branches"]),
+            "unstable": float(st["unstable"]),
+        }
+        return Window(loss, critic_obs, rewards, next_values, dones, stats)
+
+    # ================================================================================================ 3. losses
+
+    @staticmethod
+    def td_lambda_targets(rewards: torch.Tensor, next_values: torch.Tensor, dones: torch.Tensor, gamma: float,
+                          lam: float) -> torch.Tensor:
+        """TD(lambda) critic targets [N, E] of a window (METHOD.md 5.1 step 5), computed backwards:
+
+        ``V~_t = r_t + gamma ((1 - lam) V'_{t+1} + lam V~_{t+1})`` where the episode goes on, and
+        ``V~_t = r_t + gamma V'_{t+1}`` where it ended at step t (``dones[t]``) and at the window's last step.
+        ``next_values[t]`` is V'(s_{t+1}) (already 0 after a fall, the pre-reset value after a time-out).
+        """
+        return td_lambda_targets(rewards, next_values, dones, gamma, lam)
+
+    def _critic_loss(self, obs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Sum over the critics of the mean squared error on ``obs`` [B, D], ``targets`` [B] (each critic regresses
+        the same targets, with the gradient it would get alone)."""
+        return (self.critics(obs) - targets[None]).square().mean(1).sum()
+
+    # ================================================================================================ 4. update
+
+    def _lr(self, lr0: float) -> float:
+        cfg = self.config
+        if cfg.lr_schedule == "constant":
+            return lr0
+        return lr0 + (cfg.final_lr - lr0) * min(self.iteration / cfg.max_iterations, 1.0)
+
+    def _guarded_step(self, opt: torch.optim.Optimizer, params: list[nn.Parameter], clip: float) -> tuple[float, bool]:
+        """Clip the gradients of ``params`` to ``clip`` and step ``opt``, unless the norm before clipping is
+        non-finite or above ``skip_grad_norm``: then nothing is applied. Returns (norm before clipping, applied)."""
+        grads = [p.grad for p in params if p.grad is not None]
+        norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
+        if not math.isfinite(norm) or norm > self.config.skip_grad_norm:
+            opt.zero_grad(set_to_none=True)
+            return norm, False
+        torch.nn.utils.clip_grads_with_norm_(params, clip, torch.tensor(norm))
+        opt.step()
+        return norm, True
+
+    def _fit_critics(self, window: Window) -> tuple[float, float]:
+        """Regress the TD(lambda) targets: ``critic_iterations`` passes over ``critic_minibatches`` contiguous
+        minibatches of the window's N E samples. Returns (mean critic MSE of the last pass, largest gradient norm)."""
+        cfg = self.config
+        targets = self.td_lambda_targets(window.rewards, window.next_values, window.dones, cfg.gamma, cfg.lam)
+        obs = window.critic_obs.reshape(-1, self.obs_dim)
+        tgt = targets.reshape(-1)
+        size = math.ceil(obs.shape[0] / cfg.critic_minibatches)
+        params = list(self.critics.parameters())
+        last_pass, max_norm = 0.0, 0.0
+        for it in range(cfg.critic_iterations):
+            total = 0.0
+            for b in range(cfg.critic_minibatches):
+                sl = slice(b * size, (b + 1) * size)
+                self.critic_opt.zero_grad(set_to_none=True)
+                loss = self._critic_loss(obs[sl], tgt[sl])
+                loss.backward()
+                norm, applied = self._guarded_step(self.critic_opt, params, cfg.critic_grad_norm)
+                max_norm = max(max_norm, norm) if math.isfinite(norm) else norm
+                self.skipped_critic_updates += not applied
+                total += float(loss.detach()) / cfg.num_critics
+            if it == cfg.critic_iterations - 1:
+                last_pass = total / cfg.critic_minibatches
+        self.critic_opt.zero_grad(set_to_none=True)
+        return last_pass, max_norm
+
+    @torch.no_grad()
+    def _update_target_critics(self) -> None:
+        """phi' <- alpha phi' + (1 - alpha) phi (alpha = 0: a copy of the critics)."""
+        a = self.config.target_critic_alpha
+        for pt, p in zip(self.target_critics.parameters(), self.critics.parameters(), strict=True):
+            pt.mul_(a).add_(p.detach(), alpha=1.0 - a) if a > 0 else pt.copy_(p)
+
+    def train_iteration(self) -> dict[str, float]:
+        """One window: rollout, actor step, critic regression, target critics, ADD discriminator; returns the
+        scalars of :data:`bcg.agents.base.METRIC_NAMES` plus SHAC's own (and the discriminator's with ADD)."""
+        cfg = self.config
+        lr_a, lr_c = self._lr(cfg.actor_lr), self._lr(cfg.critic_lr)
+        for g in self.actor_opt.param_groups:
+            g["lr"] = lr_a
+        for g in self.critic_opt.param_groups:
+            g["lr"] = lr_c
+
+        # window start: cut the graph, freeze the normalisers' statistics for this window
+        self.env.detach()
+        norm = self._normalizer()
+        ret_std = float(torch.sqrt(self.ret_rms.var + 1e-6)) if cfg.ret_norm else 1.0
+        window = self._rollout(norm, ret_std)
+
+        # actor step
+        self.actor_opt.zero_grad(set_to_none=True)
+        window.actor_loss.backward()
+        self.critics.zero_grad(set_to_none=True)  # the bootstrap used the target copies; keep the critics clean
+        grad_norm, applied = self._guarded_step(self.actor_opt, list(self.actor.parameters()), cfg.actor_grad_norm)
+        self.skipped_actor_updates += not applied
+        self.actor_opt.zero_grad(set_to_none=True)
+
+        # critic regression on the window's TD(lambda) targets, then the target critics
+        critic_loss, critic_grad_norm = self._fit_critics(window)
+        self._update_target_critics()
+
+        metrics = {k: v for k, v in window.stats.items() if k not in ("branches", "unstable", "episodes")}
+        # the discriminator learns from the residuals of this window, after the actor and critic steps
+        if self.add_reward is not None:
+            metrics.update({k: float(v) for k, v in self.add_reward.update().items()})
+
+        self.iteration += 1
+        self.samples += int(window.stats["branches"])
+        self.nonfinite_resets += int(window.stats["unstable"])
+        metrics.update({
+            "grad_norm": grad_norm,
+            "skipped_updates": float(self.skipped_updates),
+            "nonfinite_resets": float(self.nonfinite_resets),
+            "actor_loss": float(window.actor_loss.detach()),
+            "critic_loss": critic_loss,
+            "lr": lr_a,
+            "critic_lr": lr_c,
+            "critic_grad_norm": critic_grad_norm,
+            "skipped_actor_updates": float(self.skipped_actor_updates),
+            "skipped_critic_updates": float(self.skipped_critic_updates),
+            "action_std": float(self.actor.std.detach().mean()),
+            "episodes": window.stats["episodes"],
+            "return_std": ret_std,
+        })
+        return metrics
+
+    # ================================================================================================ 5. state, export
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue exactly (tensors and plain values only; ``torch.load(...,
+        weights_only=True)`` reads it): networks, target critics, optimisers, the schedule position (iteration),
+        normalisers, the environment's state and generator, the estimator's state, the ADD reward's state, the
+        agent's and torch's RNG states, counters."""
+        from bcg.sim.physics import Physics
+
+        s = self.env.state
+        env_state: dict[str, Any] = {}
+        for f in dataclasses.fields(s):
+            v = getattr(s, f.name)
+            env_state[f.name] = (None if v is None else [t.detach().clone() for t in v] if isinstance(v, Physics)
+                                 else v.detach().clone())
+        est_sd = self.estimator.state_dict() if hasattr(self.estimator, "state_dict") else None
+        return {
+            "format": "bcg.shac/1",
+            "config": dataclasses.asdict(self.config),
+            "obs_dim": self.obs_dim,
+            "act_dim": self.act_dim,
+            "iteration": self.iteration,
+            "samples": self.samples,
+            "skipped_actor_updates": self.skipped_actor_updates,
+            "skipped_critic_updates": self.skipped_critic_updates,
+            "nonfinite_resets": self.nonfinite_resets,
+            "actor": self.actor.state_dict(),
+            "critics": self.critics.state_dict(),
+            "target_critics": self.target_critics.state_dict(),
+            "actor_opt": self.actor_opt.state_dict(),
+            "critic_opt": self.critic_opt.state_dict(),
+            "obs_rms": self.obs_rms.state_dict(),
+            "ret_rms": self.ret_rms.state_dict(),
+            "ret": self._ret.clone(),
+            "episode_return": self._ep_return.clone(),
+            "episode_length": self._ep_length.clone(),
+            "obs": self._obs.clone(),
+            "critic_obs": self._critic_obs.clone(),
+            "env_state": env_state,
+            "env_generator": self.env._gen.get_state(),
+            "env_nonfinite_count": int(self.env.nonfinite_count),
+            "estimator": est_sd,
+            "add": self.add_reward.state_dict() if self.add_reward is not None else None,
+            "noise_generator": self.noise_gen.get_state(),
+            "torch_rng": torch.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s output into this agent (built with the same config and environment);
+        afterwards ``train_iteration`` repeats the original run's numbers (bit for bit on CPU)."""
+        from bcg.envs.state import EnvState
+        from bcg.sim.physics import Physics
+
+        if state.get("format") != "bcg.shac/1":
+            raise ValueError(f"not a SHAC state (format {state.get('format')!r}, expected 'bcg.shac/1')")
+        mine = dataclasses.asdict(self.config)
+        theirs = dict(state["config"])
+        diff = sorted(k for k in mine if k not in theirs or _plain(theirs[k]) != _plain(mine[k]))
+        if diff:
+            raise ValueError("the SHAC state was made with a different config; differing fields: "
+                             + ", ".join(f"{k} (state {theirs.get(k)!r}, agent {mine[k]!r})" for k in diff))
+        if (state["obs_dim"], state["act_dim"]) != (self.obs_dim, self.act_dim):
+            raise ValueError(f"the SHAC state has observation / action sizes {state['obs_dim']} / {state['act_dim']}, "
+                             f"this agent {self.obs_dim} / {self.act_dim}")
+        if (state["add"] is None) != (self.add_reward is None):
+            raise ValueError("the SHAC state was made " + ("without" if state["add"] is None else "with")
+                             + " the ADD reward, this agent " + ("with" if state["add"] is None else "without"))
+        self.actor.load_state_dict(state["actor"])
+        self.critics.load_state_dict(state["critics"])
+        self.target_critics.load_state_dict(state["target_critics"])
+        self.actor_opt.load_state_dict(state["actor_opt"])
+        self.critic_opt.load_state_dict(state["critic_opt"])
+        self.obs_rms.load_state_dict(state["obs_rms"])
+        self.ret_rms.load_state_dict(state["ret_rms"])
+        dev = self.device
+        self._ret = state["ret"].to(dev).clone()
+        self._ep_return = state["episode_return"].to(dev).clone()
+        self._ep_length = state["episode_length"].to(dev).clone()
+        self._obs = state["obs"].to(dev).clone()
+        self._critic_obs = state["critic_obs"].to(dev).clone()
+        fields = {}
+        for f in dataclasses.fields(EnvState):
+            v = state["env_state"][f.name]
+            fields[f.name] = (None if v is None else Physics(*(t.to(dev).clone() for t in v)) if isinstance(v, list)
+                              else v.to(dev).clone())
+        self.env.load_state(EnvState(**fields))
+        self.env._gen.set_state(state["env_generator"])
+        self.env.nonfinite_count = int(state["env_nonfinite_count"])
+        if state["estimator"] is not None:
+            if not hasattr(self.estimator, "load_state_dict"):
+                raise ValueError(f"the state holds estimator state but {type(self.estimator).__name__} cannot load it")
+            self.estimator.load_state_dict(state["estimator"])
+        if self.add_reward is not None:
+            self.add_reward.load_state_dict(state["add"])
+        self.noise_gen.set_state(state["noise_generator"])
+        torch.set_rng_state(state["torch_rng"])
+        self.iteration = int(state["iteration"])
+        self.samples = int(state["samples"])
+        self.skipped_actor_updates = int(state["skipped_actor_updates"])
+        self.skipped_critic_updates = int(state["skipped_critic_updates"])
+        self.nonfinite_resets = int(state["nonfinite_resets"])
+
+    def export_policy(self) -> dict[str, Any]:
+        """The deterministic policy (normalised observation -> mean raw action, before the env's tanh) in the
+        self-contained format of :func:`bcg.agents.export.policy_export`."""
+        from bcg.agents.export import policy_export
+
+        cfg = self.config
+        if cfg.obs_norm:
+            mean, var, eps, clip = self.obs_rms.mean, self.obs_rms.var, cfg.obs_eps, cfg.obs_clip
+        else:
+            mean = torch.zeros(self.obs_dim, dtype=torch.float64, device=self.device)
+            var, eps, clip = torch.ones_like(mean), 0.0, None
+        return policy_export(self.actor.mean_net, mean, var, obs_eps=eps, obs_clip=clip, env=self.env, agent="shac")
+
+
+def _plain(v: Any) -> Any:
+    """Tuples and lists compare equal (a config read back from a checkpoint has lists)."""
+    return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+
+def td_lambda_targets(rewards: torch.Tensor, next_values: torch.Tensor, dones: torch.Tensor, gamma: float,
+                      lam: float) -> torch.Tensor:
+    """TD(lambda) targets [N, E]; see :meth:`SHAC.td_lambda_targets` (the window's last step counts as done)."""
+    if not (rewards.shape == next_values.shape == dones.shape) or rewards.dim() != 2:
+        raise ValueError(f"rewards, next_values and dones must be [N, E] alike, got {list(rewards.shape)}, "
+                         f"{list(next_values.shape)}, {list(dones.shape)}")
+    out = torch.empty_like(rewards)
+    ahead = torch.zeros_like(rewards[0])  # V~_{t+1}
+    for t in reversed(range(rewards.shape[0])):
+        end = dones[t] | (t == rewards.shape[0] - 1)
+        boot = torch.where(end, next_values[t], (1.0 - lam) * next_values[t] + lam * ahead)
+        out[t] = rewards[t] + gamma * boot
+        ahead = out[t]
+    return out
