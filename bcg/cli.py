@@ -258,10 +258,49 @@ class EstimatorsList:
 ESTIMATOR_COMMANDS: dict[str, type] = {"list": EstimatorsList}
 """``bcg estimators ...`` subcommands."""
 
+@dataclass(frozen=True)
+class Train:
+    """Train SHAC (through a gradient estimator) or PPO on a G1 tracking clip: run directory, metrics, checkpoints."""
+
+    @staticmethod
+    def from_cli(prog: str, args: Sequence[str]) -> Any:
+        """Parse with bcg.agents.train.parse_train_args (presets first, then field-by-field overrides)."""
+        from bcg.agents.train import parse_train_args
+
+        try:
+            return parse_train_args(args, prog=prog)
+        except (ValueError, TypeError) as exc:  # bad values, unknown estimator or motion, unusable checkpoint
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+            raise SystemExit(2) from None
+
+
+@dataclass(frozen=True)
+class Export:
+    """Write the self-contained policy file (weights, normaliser, action map, MJCF hash) of a run's checkpoint."""
+
+    run_dir: tyro.conf.Positional[Path]
+    """Run directory (its latest checkpoint) or a checkpoint file."""
+    out: Path | None = None
+    """Output file (default: RUN/policy.pt)."""
+
+    def run(self) -> int:
+        from bcg.agents.train import export_run
+
+        try:
+            path = export_run(self.run_dir, self.out)
+        except (ValueError, TypeError, FileNotFoundError) as exc:
+            print(f"bcg export: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"wrote {path}")
+        return 0
+
+
 COMMANDS: dict[str, type | dict[str, type]] = {
     "bench": Bench,
     "estimators": ESTIMATOR_COMMANDS,
     "motions": MOTION_COMMANDS,
+    "train": Train,
+    "export": Export,
 }
 """Top-level commands: a dataclass (a command) or a dict of them (a group)."""
 
@@ -290,6 +329,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cmd = COMMANDS[name]
     if isinstance(cmd, dict):
         obj = tyro.extras.subcommand_cli_from_dict(cmd, prog=f"bcg {name}", args=rest)
+    elif hasattr(cmd, "from_cli"):  # a command that parses its own arguments (e.g. train: presets, then overrides)
+        obj = cmd.from_cli(prog=f"bcg {name}", args=rest)
     else:
         obj = tyro.cli(cmd, prog=f"bcg {name}", args=rest)
     status = obj.run()

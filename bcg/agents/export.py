@@ -265,7 +265,7 @@ def read_torch_file(path: str | Path, what: str, error: type[ValueError] = Polic
         detail = msg.strip().splitlines()[0] if msg.strip() else ""
         raise error(f"{what} {p} holds a pickled Python object ({what_obj}) that a safe (weights_only) load refuses "
                     f"to build, so it was not loaded and nothing in it ran. torch says: {detail[:300]}") from None
-    except (RuntimeError, EOFError, OSError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 - a damaged stream fails anywhere in the unpickler (EOF, Index, Key...)
         raise error(f"{what} {p} ({size} bytes) is truncated or corrupt: it is not a complete torch "
                               f"file ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''})"
                               ) from None

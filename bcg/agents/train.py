@@ -1,0 +1,725 @@
+"""``bcg train`` and ``bcg export``: the training loop around any :class:`~bcg.agents.base.Agent` and its artefacts.
+
+:class:`TrainConfig` is every option of a run (agent, estimator, motion, preset, reward, env options, iterations,
+checkpoints); :func:`parse_train_args` turns a command line into one (the preset is applied first, then every field of
+the nested agent config can be overridden); :func:`train` builds the agent and runs a :class:`Trainer`, which owns a
+run directory::
+
+    runs/jump-shac-bcg-cpu-small-s0-20261201-0930/
+        config.json        the resolved TrainConfig
+        versions.json      python, torch, warp, mujoco, gymnasium, stable-baselines3, tyro, numpy, bcg, git commit
+        metrics.csv        one row per iteration: iteration, samples, wall_time_s, METRIC_NAMES, the agent's extras
+        tensorboard/       TensorBoard event files with the same scalars (step = iteration)
+        checkpoints/       iter_NNNNNN.pt every checkpoint_every iterations, at the end and on Ctrl-C
+        policy.pt          the self-contained policy (bcg.agents.export) at the end
+
+``--resume RUN_DIR_OR_CHECKPOINT`` continues a run in its own directory: metrics.csv is rewritten from the
+checkpoint's rows (anything logged after the checkpoint is dropped) and the run goes on exactly as an uninterrupted
+one would (same numbers on the same device; the tests compare the rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import datetime as _dt
+import io
+import json
+import math
+import numbers
+import os
+import platform
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+
+from bcg.agents.base import METRIC_NAMES
+from bcg.agents.checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    check_compatible,
+    latest_checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+    verify_state_fits,
+)
+
+if TYPE_CHECKING:  # pragma: no cover - bound at parse time by _bind_types (plugins included)
+    from bcg.agents.add import ADDConfig
+    from bcg.agents.ppo import PPOConfig
+    from bcg.agents.shac import SHACConfig
+    from bcg.envs.config import EnvConfig
+
+    EstimatorChoice = Any
+
+__all__ = ["RUN_CONTROL_FIELDS", "TrainConfig", "Trainer", "build_agent", "collect_versions", "config_from_dict",
+           "config_to_dict", "default_config", "export_run", "parse_train_args", "run_name", "train"]
+
+FIXED_COLUMNS: tuple[str, ...] = ("iteration", "samples", "wall_time_s")
+"""The trainer's own metrics.csv columns, before :data:`~bcg.agents.base.METRIC_NAMES` and the agent's extras."""
+
+RUN_CONTROL_FIELDS: tuple[str, ...] = ("iterations", "checkpoint_every", "resume", "out", "name", "device",
+                                       "torch_threads", "progress", "tensorboard")
+"""TrainConfig fields a resumed run may change: how long and where it runs, not what it computes (the numbers are
+exact on the device the checkpoint was written on)."""
+
+
+def _shac_presets() -> dict[str, Any]:
+    from bcg.agents.shac import PRESETS
+
+    return PRESETS
+
+
+def _ppo_presets() -> dict[str, Any]:
+    from bcg.agents.ppo import PRESETS
+
+    return PRESETS
+
+
+def _add_default() -> Any:
+    from bcg.agents.add import ADDConfig
+
+    return ADDConfig()
+
+
+def _estimator_default() -> Any:
+    from bcg.estimators import make
+
+    return make("bptt")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Train an agent on a G1 tracking clip: SHAC through a gradient estimator, or PPO (stable-baselines3).
+
+    Choose the estimator with --estimator NAME (bptt, grs, bcg or a plugin's); its parameters follow as
+    --estimator.FIELD. The preset (--preset) sets the agent config first; every --shac.FIELD / --ppo.FIELD overrides
+    one field of it."""
+
+    agent: Literal["shac", "ppo"] = "shac"
+    """Learning algorithm: shac (first-order, through the estimator) or ppo (stable-baselines3 baseline)."""
+    estimator: EstimatorChoice = field(default_factory=_estimator_default)
+    """Gradient estimator of SHAC (--estimator NAME, its parameters as --estimator.FIELD); PPO takes bptt only."""
+    motion: str = "jump"
+    """Reference clip: run, jump, fight, dance, or the path of a .npz / .csv motion file."""
+    preset: Literal["cpu-small", "paper"] = "cpu-small"
+    """Agent config preset (PRESETS of the agent module), applied before the --shac.* / --ppo.* overrides."""
+    reward: Literal["tracking", "add"] = "tracking"
+    """tracking: the env's TrackingReward; add: the ADD adversarial imitation reward (options under --add.*)."""
+    add: ADDConfig = field(default_factory=_add_default)
+    """Options of the ADD reward and its discriminator (used with --reward add)."""
+    shac: SHACConfig = field(default_factory=lambda: _shac_presets()["cpu-small"])
+    """SHAC options (used with --agent shac); defaults: the preset's."""
+    ppo: PPOConfig = field(default_factory=lambda: _ppo_presets()["cpu-small"])
+    """PPO options (used with --agent ppo); defaults: the preset's."""
+    iterations: int = 100
+    """Iterations to run in total (a resumed run continues up to this number). One SHAC iteration is one window;
+    one PPO iteration one rollout and its update. The learning-rate schedule follows the agent config's own length."""
+    seed: int = 0
+    """Seed of the networks, the action noise, the environment resets and the estimator's draws."""
+    out: Path = Path("runs")
+    """Folder in which the run directory is made."""
+    name: str | None = None
+    """Run directory name (default: MOTION-AGENT[-ESTIMATOR][-add]-PRESET-sSEED-YYYYmmdd-HHMMSS)."""
+    checkpoint_every: int = 50
+    """Write a checkpoint every this many iterations (0: only at the end and on Ctrl-C)."""
+    resume: Path | None = None
+    """Continue a run: its run directory (latest checkpoint) or a checkpoint file. The other options default to the
+    checkpoint's; only iterations, checkpoint_every, device, torch_threads, progress and tensorboard may differ."""
+    device: str = "cpu"
+    """Torch / Warp device of the environment and the networks: cpu or cuda[:K]."""
+    kappa: float | None = None
+    """Contact stiffness of the simulator [1/m] (None: the simulator's default, 300)."""
+    domain_randomization: bool = False
+    """Randomise physics, pushes, latency and observation noise (docs/envs.md ranges)."""
+    max_episode_steps: int | None = None
+    """Extra time limit of an episode in control steps (None: the clip's end)."""
+    torch_threads: int | None = 1
+    """torch.set_num_threads for the run (None: torch's default). 1 is the fastest on a shared 2-core machine."""
+    progress: bool = True
+    """Show a progress bar with live figures."""
+    tensorboard: bool = True
+    """Write TensorBoard event files beside metrics.csv."""
+
+    def __post_init__(self) -> None:
+        from bcg.envs.config import check_count
+        from bcg.estimators import Estimator
+
+        object.__setattr__(self, "iterations", check_count("iterations", self.iterations, 1))
+        object.__setattr__(self, "checkpoint_every", check_count("checkpoint_every", self.checkpoint_every, 0))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2**63:
+            raise ValueError(f"seed must be an integer in [0, 2^63 - 1], got {self.seed!r}")
+        if self.torch_threads is not None:
+            object.__setattr__(self, "torch_threads", check_count("torch_threads", self.torch_threads, 1))
+        object.__setattr__(self, "out", Path(self.out))
+        if self.resume is not None:
+            object.__setattr__(self, "resume", Path(self.resume))
+        if self.agent not in ("shac", "ppo"):
+            raise ValueError(f"agent must be 'shac' or 'ppo', got {self.agent!r}")
+        if self.reward not in ("tracking", "add"):
+            raise ValueError(f"reward must be 'tracking' or 'add', got {self.reward!r}")
+        if not isinstance(self.estimator, Estimator):
+            raise TypeError(f"estimator must be a bcg.estimators.Estimator, got {type(self.estimator).__name__}")
+        if self.agent == "ppo" and self.estimator.name != "bptt":
+            raise ValueError(f"--estimator {self.estimator.name} applies to SHAC only: PPO does not differentiate "
+                             "the simulator (leave --estimator at bptt with --agent ppo)")
+        if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
+            raise ValueError(f"name must be a plain directory name, got {self.name!r}")
+        _check_motion(self.motion)
+        self.env_config()  # the env options are checked by EnvConfig itself (kappa > 0, max_episode_steps >= 1)
+
+    def env_config(self) -> EnvConfig:
+        """The :class:`~bcg.envs.EnvConfig` of the run (differentiable for SHAC)."""
+        from bcg.envs.config import EnvConfig
+
+        return EnvConfig(motion_file=self.motion, kappa=self.kappa, device=self.device,
+                         differentiable=self.agent == "shac", domain_randomization=bool(self.domain_randomization),
+                         max_episode_steps=self.max_episode_steps)
+
+    @property
+    def agent_config(self) -> Any:
+        """The config of the chosen agent (``shac`` or ``ppo``)."""
+        return self.shac if self.agent == "shac" else self.ppo
+
+    def run(self) -> int:
+        """Run :func:`train` (the ``bcg train`` command); returns the exit status (130 after Ctrl-C, 2 when the
+        checkpoint to resume or the run directory cannot be used)."""
+        try:
+            return train(self).status
+        except (CheckpointError, FileExistsError) as exc:
+            print(f"bcg train: error: {exc}", file=sys.stderr)
+            return 2
+
+
+def _check_motion(motion: str) -> None:
+    from bcg.motion import PACKAGED_MOTIONS
+
+    if not isinstance(motion, str) or not motion:
+        raise ValueError(f"motion must be a clip name or a path, got {motion!r}")
+    if motion in PACKAGED_MOTIONS:
+        return
+    p = Path(motion)
+    if p.suffix.lower() in (".npz", ".csv") and p.is_file():
+        return
+    raise ValueError(f"unknown motion {motion!r}: expected one of {', '.join(PACKAGED_MOTIONS)} or the path of an "
+                     "existing .npz / .csv motion file")
+
+
+def _motion_name(motion: str) -> str:
+    return Path(motion).stem if motion.lower().endswith((".npz", ".csv")) else motion
+
+
+# -------------------------------------------------------------------------------------------- parsing
+
+
+def _bind_types() -> None:
+    """Bind the names :class:`TrainConfig`'s annotations refer to, for tyro and :func:`config_from_dict`: the agent
+    config classes and ``EstimatorChoice``, the union over the estimators registered *now* (plugins included), one
+    tyro subcommand each."""
+    import tyro
+
+    from bcg.agents.add import ADDConfig
+    from bcg.agents.ppo import PPOConfig
+    from bcg.agents.shac import SHACConfig
+    from bcg.envs.config import EnvConfig
+    from bcg.estimators import ESTIMATORS
+
+    choices = tuple(Annotated[cls, tyro.conf.subcommand(name)] for name, cls in ESTIMATORS.items())
+    g = globals()
+    g.update(ADDConfig=ADDConfig, PPOConfig=PPOConfig, SHACConfig=SHACConfig, EnvConfig=EnvConfig,
+             EstimatorChoice=Union[choices] if len(choices) > 1 else choices[0])  # noqa: UP007 - a runtime union
+
+
+def default_config(agent: str = "shac", preset: str = "cpu-small", **overrides: Any) -> TrainConfig:
+    """A TrainConfig with ``agent`` and both agent configs at ``preset`` (then ``overrides``)."""
+    shac, ppo = _shac_presets(), _ppo_presets()
+    for name, table in (("shac", shac), ("ppo", ppo)):
+        if preset not in table:
+            raise ValueError(f"unknown preset {preset!r} for {name}; presets: {', '.join(table)}")
+    return TrainConfig(agent=agent, preset=preset, shac=shac[preset], ppo=ppo[preset], **overrides)  # type: ignore
+
+
+def _split_estimator(args: list[str]) -> tuple[list[str], str | None]:
+    """Turn ``--estimator NAME`` / ``--estimator=NAME`` into tyro's subcommand token ``estimator:NAME``; checks the
+    name against the registry (the message lists the registered estimators)."""
+    from bcg.estimators import ESTIMATORS
+
+    out, name = [], None
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if a == "--estimator" or a.startswith("--estimator="):
+            if a == "--estimator":
+                if i + 1 >= len(args):
+                    raise ValueError(f"--estimator needs a name; registered: {', '.join(ESTIMATORS)}")
+                name, i = args[i + 1], i + 2
+            else:
+                name, i = a.split("=", 1)[1], i + 1
+            continue
+        if a.startswith("estimator:"):
+            name, i = a.split(":", 1)[1], i + 1
+            continue
+        out.append(a)
+        i += 1
+    if name is not None and name not in ESTIMATORS:
+        raise ValueError(f"unknown estimator {name!r}; registered: {', '.join(ESTIMATORS)}")
+    return out, name
+
+
+def parse_train_args(args: Sequence[str], prog: str = "bcg train") -> TrainConfig:
+    """The :class:`TrainConfig` of a ``bcg train`` command line.
+
+    Two passes: the first reads ``--agent``, ``--preset`` and ``--resume`` and builds the defaults (the preset's agent
+    configs, or the checkpoint's whole config when resuming); the second is tyro over :class:`TrainConfig` with those
+    defaults, so ``--shac.FIELD`` overrides one field of the preset. Raises ``ValueError`` (or
+    :class:`~bcg.agents.checkpoint.CheckpointError`) with a clear message on bad values."""
+    import tyro
+
+    _bind_types()
+    rest, est_name = _split_estimator(list(args))
+    first = argparse.ArgumentParser(add_help=False)
+    first.add_argument("--agent", default=None)
+    first.add_argument("--preset", default=None)
+    first.add_argument("--resume", default=None)
+    known, _ = first.parse_known_args(rest)
+    if known.resume is not None and not any(a in ("-h", "--help") for a in rest):
+        ckpt = load_checkpoint(known.resume)
+        base = config_from_dict(ckpt.config)
+        base = dataclasses.replace(base, resume=Path(known.resume))
+    else:
+        base = default_config(known.agent or "shac", known.preset or "cpu-small")
+    if est_name is not None and est_name != base.estimator.name:
+        from bcg.estimators import make
+
+        base = dataclasses.replace(base, estimator=make(est_name))
+    # the subcommand token selects the estimator's fields; a bare --help shows the top level (all subcommands)
+    asks_help = any(a in ("-h", "--help") for a in rest)
+    token = [] if asks_help and est_name is None else [f"estimator:{est_name or base.estimator.name}"]
+    return tyro.cli(TrainConfig, default=base, args=token + rest, prog=prog,
+                    config=(tyro.conf.CascadeSubcommandArgs,))
+
+
+# -------------------------------------------------------------------------------------------- config <-> JSON
+
+
+def _to_plain(v: Any) -> Any:
+    if dataclasses.is_dataclass(v) and not isinstance(v, type):
+        from bcg.estimators import Estimator
+
+        d = {f.name: _to_plain(getattr(v, f.name)) for f in dataclasses.fields(v) if f.init}
+        return {"name": v.name, **d} if isinstance(v, Estimator) else d
+    if isinstance(v, (list, tuple)):
+        return [_to_plain(x) for x in v]
+    if isinstance(v, Mapping):
+        return {str(k): _to_plain(x) for k, x in v.items()}
+    if isinstance(v, Path):
+        return str(v)
+    return v
+
+
+def config_to_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """The config as JSON-able values (the estimator as ``{"name": ..., **its fields}``; tuples as lists)."""
+    return _to_plain(cfg)
+
+
+def _from_plain(default: Any, value: Any, where: str) -> Any:
+    """``value`` (from JSON) shaped like ``default``: dataclasses rebuilt field by field, lists back to tuples."""
+    if dataclasses.is_dataclass(default) and not isinstance(default, type):
+        if not isinstance(value, Mapping):
+            raise ValueError(f"{where}: expected an object, got {value!r}")
+        names = {f.name for f in dataclasses.fields(default) if f.init}
+        unknown = sorted(set(value) - names - {"name"})
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {unknown} for {type(default).__name__}")
+        kw = {k: _from_plain(getattr(default, k), value[k], f"{where}.{k}") for k in names if k in value}
+        return dataclasses.replace(default, **kw)
+    if isinstance(default, tuple) and isinstance(value, list):
+        return tuple(value)
+    if isinstance(default, Path) and isinstance(value, str):
+        return Path(value)
+    return value
+
+
+def config_from_dict(d: Mapping[str, Any]) -> TrainConfig:
+    """Inverse of :func:`config_to_dict` (e.g. a checkpoint's or config.json's config)."""
+    from bcg.estimators import ESTIMATORS, make
+
+    _bind_types()
+    d = dict(d)
+    base = default_config(d.get("agent", "shac"), d.get("preset", "cpu-small"))
+    est = d.pop("estimator", None)
+    if est is not None:
+        name = est.get("name")
+        if name not in ESTIMATORS:
+            raise ValueError(f"config: unknown estimator {name!r}; registered: {', '.join(ESTIMATORS)}")
+        base = dataclasses.replace(base, estimator=_from_plain(make(name), est, "estimator"))
+    return _from_plain(base, d, "config")
+
+
+# -------------------------------------------------------------------------------------------- run directory
+
+
+def run_name(cfg: TrainConfig, now: _dt.datetime | None = None) -> str:
+    """``MOTION-AGENT[-ESTIMATOR][-add]-PRESET-sSEED-YYYYmmdd-HHMMSS`` (the estimator only for SHAC)."""
+    now = now or _dt.datetime.now()
+    parts = [_motion_name(cfg.motion), cfg.agent]
+    if cfg.agent == "shac":
+        parts.append(cfg.estimator.name)
+    if cfg.reward == "add":
+        parts.append("add")
+    parts += [cfg.preset, f"s{cfg.seed}", now.strftime("%Y%m%d-%H%M%S")]
+    return "-".join(parts)
+
+
+def run_dir_of(checkpoint: Path) -> Path:
+    """The run directory a checkpoint file belongs to (``RUN/checkpoints/iter_N.pt`` -> ``RUN``)."""
+    parent = Path(checkpoint).resolve().parent
+    return parent.parent if parent.name == "checkpoints" else parent
+
+
+def _dist_version(*names: str) -> str | None:
+    import importlib.metadata
+
+    for n in names:
+        try:
+            return importlib.metadata.version(n)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def collect_versions() -> dict[str, Any]:
+    """Versions of Python, the libraries a run depends on, bcg, and the git commit of the checkout (if any)."""
+    import torch
+
+    import bcg
+
+    out: dict[str, Any] = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "warp": _dist_version("warp-lang", "warp"),
+        "mujoco": _dist_version("mujoco"),
+        "gymnasium": _dist_version("gymnasium"),
+        "stable_baselines3": _dist_version("stable-baselines3", "stable_baselines3"),
+        "tyro": _dist_version("tyro"),
+        "numpy": _dist_version("numpy"),
+        "bcg": bcg.__version__,
+        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
+    }
+    root = Path(bcg.__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                timeout=10)
+        if commit.returncode == 0:
+            out["git_commit"] = commit.stdout.strip()
+            dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                                   capture_output=True, text=True, timeout=10)
+            out["git_dirty"] = bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return out
+
+
+def _write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _fmt(col: str, v: float) -> str:
+    """A metrics.csv cell: integers for iteration / samples, ``repr`` for floats (round-trips exactly)."""
+    if col in ("iteration", "samples") and math.isfinite(v):
+        return str(int(v))
+    return repr(float(v))
+
+
+def _human(n: float) -> str:
+    for unit, div in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= div:
+            return f"{n / div:.3g}{unit}"
+    return f"{n:.0f}"
+
+
+# -------------------------------------------------------------------------------------------- the loop
+
+
+class Trainer:
+    """Runs any :class:`~bcg.agents.base.Agent` for ``iterations`` in a run directory, logging and checkpointing.
+
+    Args:
+        agent: the agent (fresh, or about to continue ``resume_from``).
+        run_dir: the run directory (made if missing).
+        config: the resolved config as JSON-able values (written to config.json and into every checkpoint).
+        iterations: total iterations (the loop runs from ``agent.iteration`` to here).
+        checkpoint_every: checkpoint period in iterations (0: only at the end and on Ctrl-C).
+        resume_from: a checkpoint to continue: its config must equal ``config`` except :data:`RUN_CONTROL_FIELDS`,
+            its agent state must fit ``agent``; the metrics rows are restored from it.
+        progress: show the tqdm bar. tensorboard: write event files.
+        export: write ``policy.pt`` from ``agent.export_policy()`` at the end.
+    """
+
+    def __init__(self, agent: Any, *, run_dir: str | Path, config: Mapping[str, Any], iterations: int,
+                 checkpoint_every: int = 50, resume_from: Checkpoint | None = None, progress: bool = True,
+                 tensorboard: bool = True, export: bool = True):
+        self.agent = agent
+        self.run_dir = Path(run_dir)
+        self.config = dict(config)
+        self.iterations = int(iterations)
+        self.checkpoint_every = int(checkpoint_every)
+        self.progress = progress
+        self.tensorboard = tensorboard
+        self.export = export
+        self.header: list[str] = []
+        self.rows: list[list[float]] = []
+        self.resume_from = resume_from
+        self._stop = False  # set by the first Ctrl-C: finish the iteration, checkpoint, stop
+        self._in_iteration = False
+        self._tb_values: dict[str, float] = {}
+        self.last_checkpoint: Path | None = None
+
+    # ------------------------------------------------------------------------------------ files
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.run_dir / "metrics.csv"
+
+    def _prepare(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.checkpoint_dir.mkdir(exist_ok=True)
+        ck = self.resume_from
+        if ck is not None:
+            check_compatible(ck, self.config, ignore=RUN_CONTROL_FIELDS)
+            verify_state_fits(ck.agent_state, self.agent.state_dict(), ck.path)
+            try:
+                self.agent.load_state_dict(ck.agent_state)
+            except (ValueError, KeyError, RuntimeError, TypeError) as exc:
+                raise CheckpointError(f"{ck.path}: the agent refused the state: {exc}") from None
+            if int(self.agent.iteration) != ck.iteration:
+                raise CheckpointError(f"{ck.path}: the agent state is at iteration {self.agent.iteration}, the "
+                                      f"trainer's at {ck.iteration}")
+            if ck.iteration > self.iterations:
+                raise CheckpointError(f"{ck.path} is at iteration {ck.iteration}, beyond --iterations "
+                                      f"{self.iterations}; ask for more iterations to continue")
+            self.header = list(ck.metrics_header)
+            self.rows = [list(r) for r in ck.metrics_rows]
+        _write_text_atomic(self.run_dir / "config.json", json.dumps(self.config, indent=2, sort_keys=True) + "\n")
+        _write_text_atomic(self.run_dir / "versions.json",
+                           json.dumps(collect_versions(), indent=2, sort_keys=True) + "\n")
+        if self.header:  # rows beyond the checkpoint (a crash after it) are dropped: the run repeats them
+            buf = io.StringIO()
+            w = csv.writer(buf, lineterminator="\n")
+            w.writerow(self.header)
+            for r in self.rows:
+                w.writerow([_fmt(c, v) for c, v in zip(self.header, r, strict=True)])
+            _write_text_atomic(self.metrics_path, buf.getvalue())
+        elif self.metrics_path.exists():
+            self.metrics_path.unlink()
+
+    def _row(self, metrics: Mapping[str, float], wall: float) -> list[float]:
+        missing = [k for k in METRIC_NAMES if k not in metrics]
+        if missing:
+            raise ValueError(f"{type(self.agent).__name__}.train_iteration did not return {missing} (every agent "
+                             "returns the scalars of bcg.agents.base.METRIC_NAMES, NaN where one does not apply)")
+        values = {"iteration": float(self.agent.iteration), "samples": float(self.agent.samples),
+                  "wall_time_s": wall}
+        for k, v in metrics.items():
+            if k in values:
+                continue
+            try:
+                values[k] = float(v)
+            except (TypeError, ValueError):
+                raise ValueError(f"metric {k!r} is not a number: {v!r}") from None
+        if not self.header:  # fixed at the first row; a later extra key goes to TensorBoard only
+            extras = [k for k in metrics if k not in METRIC_NAMES and k not in FIXED_COLUMNS]
+            self.header = [*FIXED_COLUMNS, *METRIC_NAMES, *extras]
+            with open(self.metrics_path, "w", newline="", encoding="utf-8") as f:
+                csv.writer(f, lineterminator="\n").writerow(self.header)
+        self._tb_values = values
+        return [values.get(c, math.nan) for c in self.header]
+
+    def _append_row(self, row: list[float]) -> None:
+        self.rows.append(row)
+        with open(self.metrics_path, "a", newline="", encoding="utf-8") as f:
+            csv.writer(f, lineterminator="\n").writerow([_fmt(c, v) for c, v in zip(self.header, row, strict=True)])
+            f.flush()
+
+    def write_checkpoint(self) -> Path:
+        """Checkpoint the agent and the trainer's state now (atomically) as ``checkpoints/iter_NNNNNN.pt``."""
+        it = int(self.agent.iteration)
+        path = self.checkpoint_dir / f"iter_{it:06d}.pt"
+        save_checkpoint(path, agent_state=self.agent.state_dict(), iteration=it, run_id=self.run_dir.name,
+                        config=self.config, metrics_header=self.header, metrics_rows=self.rows)
+        self.last_checkpoint = path
+        return path
+
+    # ------------------------------------------------------------------------------------ Ctrl-C
+
+    def _on_sigint(self, signum: int, frame: Any) -> None:
+        if self._stop or not self._in_iteration:
+            raise KeyboardInterrupt
+        self._stop = True
+        print(f"\n[bcg train] Ctrl-C: finishing iteration {self.agent.iteration + 1}, then writing a checkpoint "
+              "(Ctrl-C again to stop at once without one)", file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------------------------ run
+
+    def run(self) -> int:
+        """Train up to ``iterations``; returns 0 when done, 130 when stopped by Ctrl-C (after checkpointing)."""
+        from tqdm import tqdm
+
+        self._prepare()
+        start = int(self.agent.iteration)
+        wall0 = self.rows[-1][self.header.index("wall_time_s")] if self.rows else 0.0
+        writer = None
+        if self.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step: a resumed run discards events the interrupted one logged after its checkpoint
+            writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"),
+                                   purge_step=start + 1 if self.resume_from is not None else None)
+        old_handler = None
+        if threading.current_thread() is threading.main_thread():
+            old_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        bar = tqdm(total=self.iterations, initial=start, desc=self.run_dir.name[:40], unit="it", dynamic_ncols=True,
+                   disable=not self.progress, file=sys.stderr)
+        status = 0
+        wall = float(wall0)
+        try:
+            while self.agent.iteration < self.iterations and not self._stop:
+                t0 = time.perf_counter()
+                # an iteration and its row are one unit: a Ctrl-C in here only sets _stop (see _on_sigint)
+                self._in_iteration = True
+                metrics = self.agent.train_iteration()
+                wall += time.perf_counter() - t0
+                row = self._row(metrics, wall)
+                self._append_row(row)
+                it = int(self.agent.iteration)
+                if writer is not None:
+                    for k, v in self._tb_values.items():
+                        if k != "iteration":
+                            writer.add_scalar(k, v, it)
+                self._in_iteration = False
+                bar.update(it - bar.n)
+                bar.set_postfix_str(self._postfix(metrics), refresh=False)
+                if self.checkpoint_every and it % self.checkpoint_every == 0 and it < self.iterations:
+                    self.write_checkpoint()
+                    if writer is not None:
+                        writer.flush()
+        except KeyboardInterrupt:
+            bar.close()
+            if self._in_iteration:  # stopped inside train_iteration: the agent's state is half-updated
+                print(f"\n[bcg train] stopped inside iteration {self.agent.iteration + 1}; its state is not saved. "
+                      f"Last checkpoint: {self.last_checkpoint or 'none'}", file=sys.stderr)
+                if writer is not None:
+                    writer.close()
+                return 130
+            self._stop = True
+        finally:
+            bar.close()
+            if old_handler is not None:
+                signal.signal(signal.SIGINT, old_handler)
+        path = self.write_checkpoint()
+        if writer is not None:
+            writer.close()
+        if self._stop:
+            print(f"[bcg train] interrupted at iteration {self.agent.iteration}: checkpoint {path}\n"
+                  f"[bcg train] continue with: bcg train --resume {self.run_dir}", file=sys.stderr)
+            status = 130
+        elif self.export:
+            from bcg.agents.export import save_policy
+
+            pol = save_policy(self.run_dir / "policy.pt", self.agent.export_policy())
+            print(f"[bcg train] done: {self.agent.iteration} iterations, {self.agent.samples} samples; "
+                  f"checkpoint {path}; policy {pol}", file=sys.stderr)
+        return status
+
+    @staticmethod
+    def _postfix(m: Mapping[str, float]) -> str:
+        def g(k: str, fmt: str) -> str:
+            v = m.get(k, math.nan)
+            return format(float(v), fmt) if v is not None else "nan"
+
+        return (f"reward={g('reward', '.3f')} track={g('tracking_error_cm', '.1f')}cm "
+                f"trig={g('trigger_rate', '.3f')} gnorm={g('grad_norm', '.3g')} skip={g('skipped_updates', '.0f')}")
+
+
+# -------------------------------------------------------------------------------------------- train / export
+
+
+def build_agent(cfg: TrainConfig) -> Any:
+    """The agent a TrainConfig describes (a fresh one, seeded with ``cfg.seed``)."""
+    add = cfg.add if cfg.reward == "add" else None
+    env_cfg = cfg.env_config()
+    if cfg.agent == "shac":
+        from bcg.agents.shac import SHAC
+
+        return SHAC(cfg.shac, env_cfg, estimator=dataclasses.replace(cfg.estimator), add=add, seed=cfg.seed)
+    from bcg.agents.ppo import PPOAgent
+
+    return PPOAgent(cfg.ppo, env_cfg, add=add, seed=cfg.seed)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What :func:`train` did."""
+
+    run_dir: Path
+    """The run directory."""
+    status: int
+    """0: finished; 130: stopped by Ctrl-C after a checkpoint."""
+    agent: Any
+    """The agent at the end."""
+
+
+def train(cfg: TrainConfig, *, agent_factory: Callable[[TrainConfig], Any] = build_agent) -> TrainResult:
+    """Build the agent of ``cfg`` and train it in a new run directory, or, with ``cfg.resume``, continue that run
+    in its own directory."""
+    import torch
+
+    if cfg.torch_threads is not None:
+        torch.set_num_threads(cfg.torch_threads)
+    ckpt = None
+    if cfg.resume is not None:
+        ckpt = load_checkpoint(cfg.resume)
+        run_dir = run_dir_of(ckpt.path)
+    else:
+        run_dir = Path(cfg.out) / (cfg.name or run_name(cfg))
+        if run_dir.exists() and any(run_dir.iterdir()):
+            raise FileExistsError(f"run directory {run_dir} exists and is not empty; choose another --name, or "
+                                  f"continue it with --resume {run_dir}")
+    agent = agent_factory(cfg)
+    trainer = Trainer(agent, run_dir=run_dir, config=config_to_dict(cfg), iterations=cfg.iterations,
+                      checkpoint_every=cfg.checkpoint_every, resume_from=ckpt, progress=cfg.progress,
+                      tensorboard=cfg.tensorboard)
+    status = trainer.run()
+    return TrainResult(run_dir=run_dir, status=status, agent=agent)
+
+
+def export_run(run: str | Path, out: str | Path | None = None) -> Path:
+    """Write the self-contained policy of a run's latest checkpoint (or of a checkpoint file) to ``out`` (default
+    ``RUN/policy.pt``); rebuilds the agent from the checkpoint's config. Returns the file written."""
+    from bcg.agents.export import save_policy
+
+    path = latest_checkpoint(run)
+    ckpt = load_checkpoint(path)
+    cfg = config_from_dict(ckpt.config)
+    agent = build_agent(dataclasses.replace(cfg, resume=None))
+    verify_state_fits(ckpt.agent_state, agent.state_dict(), ckpt.path)
+    agent.load_state_dict(ckpt.agent_state)
+    dest = Path(out) if out is not None else run_dir_of(ckpt.path) / "policy.pt"
+    return save_policy(dest, agent.export_policy())
