@@ -18,6 +18,11 @@ _LAZY: dict[str, str] = {
     "save_policy": "bcg.agents.export",
     "load_checkpoint": "bcg.agents.checkpoint",
     "save_checkpoint": "bcg.agents.checkpoint",
+    "SHAC": "bcg.agents.shac",
+    "SHACConfig": "bcg.agents.shac",
+    "GaussianActor": "bcg.agents.networks",
+    "CriticEnsemble": "bcg.agents.networks",
+    "RunningMeanStd": "bcg.agents.normalization",
 }
 
 __all__ = sorted(_LAZY)

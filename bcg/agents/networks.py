@@ -69,12 +69,18 @@ class GaussianActor(nn.Module):
     """
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: Sequence[int], activation: Activation = "elu",
-                 layer_norm: bool = True, init_std: float = 1.0):
+                 layer_norm: bool = True, init_std: float = 1.0, output_scale: float = 1.0):
         super().__init__()
         if not init_std > 0:
             raise ValueError(f"init_std must be > 0, got {init_std!r}")
+        if not output_scale >= 0:
+            raise ValueError(f"output_scale must be >= 0, got {output_scale!r}")
         self.mean_net = mlp(obs_dim, hidden, act_dim, activation, layer_norm)
         """The deterministic policy: normalised observation [..., D] -> mean raw action [..., A]."""
+        if output_scale != 1.0:  # a smaller first policy: mean actions near 0 (the default pose)
+            with torch.no_grad():
+                self.mean_net[-1].weight.mul_(output_scale)
+                self.mean_net[-1].bias.mul_(output_scale)
         self.log_std = nn.Parameter(torch.full((int(act_dim),), math.log(init_std)))
         """[A] log standard deviation of the action noise (learned, shared by all states)."""
 

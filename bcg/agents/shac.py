@@ -86,6 +86,9 @@ class SHACConfig:
     counted (skipped_updates), never applied."""
     init_action_std: float = 1.0
     """Initial standard deviation of the Gaussian action noise (learned, state-independent)."""
+    actor_output_scale: float = 1.0
+    """Factor on the initial weights and biases of the actor's output layer (1: PyTorch's default initialisation,
+    as DiffRL; smaller values start from mean actions near 0, i.e. PD targets near the default pose)."""
     obs_norm: bool = True
     """Normalise observations with running mean / std (frozen inside a window)."""
     obs_clip: float | None = 10.0
@@ -136,6 +139,7 @@ class SHACConfig:
                      "max_bootstrap_obs"):
             real(name, 0.0, lo_open=True)
         real("obs_eps", 0.0)
+        real("actor_output_scale", 0.0)
         if self.obs_clip is not None:
             real("obs_clip", 0.0, lo_open=True)
         if self.lr_schedule not in ("linear", "constant"):
@@ -250,7 +254,7 @@ class SHAC:
         with torch.random.fork_rng(devices=[]):  # network initialisation from the seed, global RNG untouched
             torch.manual_seed(_derived_seed(self.seed, 1))
             self.actor = GaussianActor(obs_dim, act_dim, config.actor_hidden, config.activation, config.layer_norm,
-                                       config.init_action_std).to(self.device)
+                                       config.init_action_std, config.actor_output_scale).to(self.device)
             self.critics = CriticEnsemble(obs_dim, config.critic_hidden, config.num_critics, config.activation,
                                           config.layer_norm).to(self.device)
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
@@ -283,8 +287,13 @@ class SHAC:
 
     # ================================================================================================ 2. rollout
 
-    def _normalizer(self) -> FrozenNormalizer | None:
-        return self.obs_rms.frozen() if self.config.obs_norm else None
+    def _begin_window(self) -> tuple[FrozenNormalizer | None, float]:
+        """Window start: cut the graph at the current state (DiffRL's ``initialize_trajectory``) and freeze the
+        statistics used inside the window: (observation normaliser or None, return std sqrt(Var[ret] + 1e-6))."""
+        self.env.detach()
+        norm = self.obs_rms.frozen() if self.config.obs_norm else None
+        ret_std = float(torch.sqrt(self.ret_rms.var + 1e-6)) if self.config.ret_norm else 1.0
+        return norm, ret_std
 
     def _rollout(self, norm: FrozenNormalizer | None, ret_std: float) -> Window:
         """One window of N steps from the current (detached) state; returns the actor loss and the critic data.
@@ -469,10 +478,7 @@ class SHAC:
         for g in self.critic_opt.param_groups:
             g["lr"] = lr_c
 
-        # window start: cut the graph, freeze the normalisers' statistics for this window
-        self.env.detach()
-        norm = self._normalizer()
-        ret_std = float(torch.sqrt(self.ret_rms.var + 1e-6)) if cfg.ret_norm else 1.0
+        norm, ret_std = self._begin_window()
         window = self._rollout(norm, ret_std)
 
         # actor step

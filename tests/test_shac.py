@@ -1,0 +1,412 @@
+"""SHAC (bcg.agents.shac): TD(lambda) targets, the actor loss against finite differences, learning on a standing
+pose, the update guards, the exact state round trip, the policy export and config validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import bcg.agents.shac as shac_mod
+from bcg.agents.shac import PRESETS, SHAC, SHACConfig, td_lambda_targets
+from bcg.envs import EnvConfig
+
+# ------------------------------------------------------------------------------------------------ helpers
+
+
+class ToyEnv:
+    """A tiny differentiable batched env with the step interface of G1TrackingVectorEnv (float64).
+
+    x' = 0.8 x + 0.3 W tanh(a) + 0.05 sin(x); reward 1 - |x' - x*|^2; obs = [x, sin(x)] (4-D, x 2-D).
+    Environment 0 terminates at its 3rd step of every episode (a fall), environment 1 is truncated at its 5th (a
+    time-out); both times are state-independent, so the loss stays smooth in the policy parameters. With
+    ``nan_timeout`` the pre-reset observation of environment 1's time-outs is NaN (the bootstrap must ignore it).
+    """
+
+    obs_dim, act_dim = 4, 2
+
+    def __init__(self, num_envs: int = 3, nan_timeout: bool = False):
+        self.num_envs = num_envs
+        self.device = torch.device("cpu")
+        self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, (self.obs_dim,), np.float64)
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (self.act_dim,), np.float64)
+        self.transition_fn = None
+        self.nan_timeout = nan_timeout
+        self.W = torch.tensor([[1.0, -0.5], [0.3, 0.8]], dtype=torch.float64)
+        self.target = torch.tensor([0.5, -0.3], dtype=torch.float64)
+        self.x0 = torch.linspace(-0.4, 0.4, num_envs, dtype=torch.float64)[:, None].repeat(1, 2)
+        self.x0[:, 1] *= -0.5
+        self.x = self.x0.clone()
+        self.t = torch.zeros(num_envs, dtype=torch.long)
+
+    def _obs(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, torch.sin(x)], 1)
+
+    def reset(self, *, seed: int | None = None, options: dict | None = None):
+        self.x, self.t = self.x0.clone(), torch.zeros_like(self.t)
+        return self._obs(self.x), {}
+
+    def detach(self) -> None:
+        self.x = self.x.detach()
+
+    def snapshot(self):
+        return self.x.detach().clone(), self.t.clone()
+
+    def restore(self, snap) -> None:
+        self.x, self.t = snap[0].clone(), snap[1].clone()
+
+    def step(self, actions: torch.Tensor):
+        x = 0.8 * self.x + 0.3 * torch.tanh(actions) @ self.W.T + 0.05 * torch.sin(self.x)
+        reward = 1.0 - (x - self.target).square().sum(1)
+        self.t = self.t + 1
+        terminated = torch.zeros(self.num_envs, dtype=torch.bool)
+        truncated = torch.zeros(self.num_envs, dtype=torch.bool)
+        terminated[0] = bool(self.t[0] == 3)
+        truncated[1] = bool(self.t[1] == 5)
+        done = terminated | truncated
+        final = self._obs(x)
+        if self.nan_timeout and bool(truncated[1]):
+            final = final.clone()
+            final[1] = float("nan")
+        x = torch.where(done[:, None], self.x0, x)
+        self.t = torch.where(done, torch.zeros_like(self.t), self.t)
+        self.x = x
+        info = {"final_obs": final, "_final_obs": done, "tracking_error": (x - self.target).norm(dim=1).detach(),
+                "num_unstable": 0}
+        return self._obs(x), reward, terminated, truncated, info
+
+
+def toy_config(**kw) -> SHACConfig:
+    base = dict(num_envs=3, horizon=8, actor_hidden=(8,), critic_hidden=(8,), num_critics=2, critic_iterations=2,
+                critic_minibatches=2, max_iterations=50, target_critic_alpha=0.5)
+    base.update(kw)
+    return SHACConfig(**base)
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    """``make(config, **env_kw)``: a SHAC agent on :class:`ToyEnv`, float64 networks."""
+    made = []
+
+    def make(config: SHACConfig, **env_kw) -> SHAC:
+        monkeypatch.setattr(shac_mod, "make_env", lambda cfg, env_cfg: ToyEnv(cfg.num_envs, **env_kw))
+        old = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            agent = SHAC(config, EnvConfig(), seed=0)
+        finally:
+            torch.set_default_dtype(old)
+        made.append(agent)
+        return agent
+
+    return make
+
+
+def standing_motion(seconds: float = 2.0):
+    """A constant standing pose (the G1's default pose) at 50 Hz, as a bcg.motion.Motion."""
+    from bcg.motion import Motion
+    from bcg.robots.g1 import default_qpos
+
+    q = np.repeat(default_qpos()[None], round(seconds / 0.02) + 1, 0)
+    return Motion.from_qpos(q, 0.02, name="standing")
+
+
+# ------------------------------------------------------------------------------------------------ TD(lambda)
+
+
+def test_td_lambda_targets_hand_computed() -> None:
+    g, lam = 0.9, 0.5
+    r = torch.tensor([[1.0, 0.5], [2.0, 1.0], [0.0, 2.0], [1.0, -1.0]])
+    v = torch.tensor([[10.0, 4.0], [0.0, 6.0], [20.0, 8.0], [30.0, 10.0]])  # V'(s_{t+1}); env 0 falls at t = 1
+    d = torch.tensor([[False, False], [True, False], [False, True], [False, False]])  # env 1 times out at t = 2
+    out = td_lambda_targets(r, v, d, g, lam)
+    # environment 0: the fall at t = 1 ends the first segment (V' = 0 there); t = 3 is the window end
+    e0_3 = 1.0 + 0.9 * 30.0                                   # 28.0
+    e0_2 = 0.0 + 0.9 * (0.5 * 20.0 + 0.5 * e0_3)              # 21.6
+    e0_1 = 2.0 + 0.9 * 0.0                                    # 2.0
+    e0_0 = 1.0 + 0.9 * (0.5 * 10.0 + 0.5 * e0_1)              # 6.4
+    # environment 1: the time-out at t = 2 bootstraps with the pre-reset value 8
+    e1_3 = -1.0 + 0.9 * 10.0                                  # 8.0
+    e1_2 = 2.0 + 0.9 * 8.0                                    # 9.2
+    e1_1 = 1.0 + 0.9 * (0.5 * 6.0 + 0.5 * e1_2)               # 7.84
+    e1_0 = 0.5 + 0.9 * (0.5 * 4.0 + 0.5 * e1_1)               # 5.828
+    want = torch.tensor([[e0_0, e1_0], [e0_1, e1_1], [e0_2, e1_2], [e0_3, e1_3]])
+    torch.testing.assert_close(out, want)
+    torch.testing.assert_close(want, torch.tensor([[6.4, 5.828], [2.0, 7.84], [21.6, 9.2], [28.0, 8.0]]))
+    # the same as the truncated lambda-return (1 - lam) sum_k lam^(k-1) G^(k) + lam^(T-1) G^(T) of env 0 at t = 2
+    g1 = 0.0 + 0.9 * 20.0
+    g2 = 0.0 + 0.9 * 1.0 + 0.81 * 30.0
+    assert math.isclose(float(out[2, 0]), 0.5 * g1 + 0.5 * g2, rel_tol=1e-6)
+
+
+def test_td_lambda_equals_diffrl_two_accumulator_recursion() -> None:
+    gen = torch.Generator().manual_seed(0)
+    n, e, g, lam = 12, 5, 0.99, 0.95
+    r = torch.randn(n, e, generator=gen, dtype=torch.float64)
+    v = torch.randn(n, e, generator=gen, dtype=torch.float64)
+    d = torch.rand(n, e, generator=gen) < 0.2
+    out = td_lambda_targets(r, v, d, g, lam)
+    # DiffRL algorithms/shac.py compute_target_values (done_mask with the last step forced to 1)
+    dm = d.to(torch.float64).clone()
+    dm[-1] = 1.0
+    A, B, lm = torch.zeros(e, dtype=torch.float64), torch.zeros(e, dtype=torch.float64), torch.ones(e, dtype=torch.float64)
+    want = torch.empty_like(r)
+    for i in reversed(range(n)):
+        lm = lm * lam * (1.0 - dm[i]) + dm[i]
+        A = (1.0 - dm[i]) * (lam * g * A + g * v[i] + (1.0 - lm) / (1.0 - lam) * r[i])
+        B = g * (v[i] * dm[i] + B * (1.0 - dm[i])) + r[i]
+        want[i] = (1.0 - lam) * A + lm * B
+    torch.testing.assert_close(out, want, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------------------ actor loss
+
+
+def _window_loss(agent: SHAC, snap) -> torch.Tensor:
+    """The actor loss of one window from the saved toy state (env, normalisers, noise, counters)."""
+    env_snap, sd = snap
+    agent.env.restore(env_snap)
+    agent.obs_rms.load_state_dict(sd["obs_rms"])
+    agent.ret_rms.load_state_dict(sd["ret_rms"])
+    agent.noise_gen.set_state(sd["noise"])
+    agent._ret, agent._obs, agent._critic_obs = sd["ret"].clone(), sd["obs"].clone(), sd["obs"].clone()
+    norm, ret_std = agent._begin_window()
+    return agent._rollout(norm, ret_std).actor_loss
+
+
+@pytest.mark.parametrize("nan_timeout", [False, True])
+def test_actor_loss_matches_finite_differences(toy, nan_timeout: bool) -> None:
+    agent = toy(toy_config(), nan_timeout=nan_timeout)
+    for _ in range(3):  # non-trivial normalisers, critics and return statistics
+        agent.train_iteration()
+    snap = (agent.env.snapshot(), {"obs_rms": agent.obs_rms.state_dict(), "ret_rms": agent.ret_rms.state_dict(),
+                                   "noise": agent.noise_gen.get_state(), "ret": agent._ret.clone(),
+                                   "obs": agent._obs.clone()})
+    assert agent.ret_rms.var.item() != 1.0 and agent.obs_rms.count.item() > 10
+    loss = _window_loss(agent, snap)
+    assert torch.isfinite(loss)
+    params = dict(agent.actor.named_parameters())
+    grads = torch.autograd.grad(loss, list(params.values()))
+    assert all(torch.isfinite(g).all() for g in grads)
+    h = 1e-6
+    checked = 0
+    for (name, p), g in zip(params.items(), grads):
+        for idx in [(0,) * p.dim(), tuple(s - 1 for s in p.shape)]:
+            with torch.no_grad():
+                old = p[idx].item()
+                p[idx] = old + h
+                lp = _window_loss(agent, snap).item()
+                p[idx] = old - h
+                lm = _window_loss(agent, snap).item()
+                p[idx] = old
+            fd = (lp - lm) / (2 * h)
+            # measured: |autograd - fd| <= 3e-9 (float64, h = 1e-6)
+            assert abs(g[idx].item() - fd) <= 1e-7 + 1e-5 * abs(fd), (name, idx, g[idx].item(), fd)
+            checked += abs(fd) > 1e-6
+    assert checked >= 4  # the loss does depend on the parameters
+
+
+def test_nan_timeout_observation_bootstraps_zero(toy) -> None:
+    agent = toy(toy_config(horizon=6), nan_timeout=True)
+    norm, ret_std = agent._begin_window()
+    w = agent._rollout(norm, ret_std)
+    # environment 1 times out at its 5th step (t = 4): pre-reset observation NaN -> V' = 0; env 0 falls at t = 2
+    assert w.dones[4, 1] and w.next_values[4, 1] == 0.0 and w.dones[2, 0] and w.next_values[2, 0] == 0.0
+    assert torch.isfinite(w.next_values).all() and torch.isfinite(w.actor_loss)
+    assert (w.next_values[:, 2] != 0).all()  # environment 2 never ends: its bootstrap is the critic's
+
+
+# ------------------------------------------------------------------------------------------------ guards
+
+
+def test_nonfinite_actor_gradient_is_skipped_and_counted(toy) -> None:
+    agent = toy(toy_config())
+    agent.train_iteration()
+    before = {k: v.detach().clone() for k, v in agent.actor.state_dict().items()}
+    opt_steps = [s["step"].item() for s in agent.actor_opt.state.values()]
+    hook = agent.actor.log_std.register_hook(lambda g: g * float("nan"))
+    m = agent.train_iteration()
+    hook.remove()
+    assert m["skipped_updates"] == 1 and m["skipped_actor_updates"] == 1 and not math.isfinite(m["grad_norm"])
+    for k, v in agent.actor.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    assert [s["step"].item() for s in agent.actor_opt.state.values()] == opt_steps  # Adam untouched
+    m = agent.train_iteration()  # the next update is applied again
+    assert m["skipped_updates"] == 1 and math.isfinite(m["grad_norm"])
+    assert any(not torch.equal(v, before[k]) for k, v in agent.actor.state_dict().items())
+
+
+def test_absurd_gradient_norm_is_skipped(toy) -> None:
+    agent = toy(toy_config(skip_grad_norm=1e-12))  # every norm is "absurd"
+    before = {k: v.detach().clone() for k, v in agent.critics.state_dict().items()}
+    m = agent.train_iteration()
+    cfg = agent.config
+    assert m["skipped_actor_updates"] == 1
+    assert m["skipped_critic_updates"] == cfg.critic_iterations * cfg.critic_minibatches
+    assert m["skipped_updates"] == 1 + cfg.critic_iterations * cfg.critic_minibatches
+    for k, v in agent.critics.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_critic_nan_gradient_is_skipped(toy) -> None:
+    agent = toy(toy_config())
+    p = next(agent.critics.parameters())
+    hook = p.register_hook(lambda g: g * float("nan"))
+    before = {k: v.detach().clone() for k, v in agent.critics.state_dict().items()}
+    m = agent.train_iteration()
+    hook.remove()
+    assert m["skipped_actor_updates"] == 0 and m["skipped_critic_updates"] == 4
+    for k, v in agent.critics.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+def test_diverged_environment_is_reset_and_counted() -> None:
+    """A NaN from the physics for environment 0 at one step: the env resets it, SHAC counts it and trains on."""
+    from bcg.envs import simulator_step
+    from bcg.estimators import make
+
+    calls = []
+
+    def flaky(model, q, qd, targets, physics=None, *, env_ids, state):
+        q1, qd1, contact = simulator_step(model, q, qd, targets, physics)
+        calls.append(1)
+        if len(calls) == 3:
+            q1 = q1.clone()
+            q1[0, 10] = float("nan")
+        return q1, qd1, contact
+
+    est = make("bptt").set_inner(flaky)
+    cfg = SHACConfig(num_envs=2, horizon=4, actor_hidden=(16,), critic_hidden=(16,), critic_iterations=1)
+    agent = SHAC(cfg, EnvConfig(motion_file=standing_motion(0.5)), estimator=est)
+    m = agent.train_iteration()
+    assert m["nonfinite_resets"] == 1 and m["skipped_updates"] == 0 and math.isfinite(m["actor_loss"])
+    assert math.isfinite(m["grad_norm"]) and m["grad_norm"] > 0
+    m = agent.train_iteration()
+    assert m["nonfinite_resets"] == 1
+
+
+# ------------------------------------------------------------------------------------------------ exact state
+
+
+def _numbers(m: dict[str, float]) -> list[float]:
+    return [m[k] for k in sorted(m)]
+
+
+@pytest.mark.parametrize("estimator", ["bptt", "bcg"])
+def test_state_dict_round_trip_is_exact(tmp_path, estimator: str) -> None:
+    from bcg.estimators import make
+
+    def new_agent() -> SHAC:
+        est = make("bcg", tau=20.0, branches=3) if estimator == "bcg" else None  # tau 20 N: bundles open at once
+        cfg = SHACConfig(num_envs=3, horizon=4, actor_hidden=(16,), critic_hidden=(16,), critic_iterations=2,
+                         critic_minibatches=2, max_iterations=10, target_critic_alpha=0.9)
+        return SHAC(cfg, EnvConfig(motion_file=standing_motion(0.3), domain_randomization=True), estimator=est,
+                    seed=3)
+
+    a = new_agent()
+    for _ in range(2):
+        a.train_iteration()
+    path = tmp_path / "shac.pt"
+    torch.save(a.state_dict(), path)
+    cont = [_numbers(a.train_iteration()) for _ in range(2)]
+    b = new_agent()
+    b.load_state_dict(torch.load(path, weights_only=True))
+    resumed = [_numbers(b.train_iteration()) for _ in range(2)]
+    assert cont == resumed  # bit for bit (NaN-free: episodes end within 0.3 s clips)
+    if estimator == "bcg":  # bundles were open across the save (the estimator's state travelled with the agent)
+        assert a.estimator.total_stats.envs_triggered > 0
+    for (k, v), (k2, v2) in zip(a.actor.state_dict().items(), b.actor.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2)
+    assert a.samples == b.samples and a.iteration == b.iteration == 4
+    assert a.env.state.equal(b.env.state)
+
+
+def test_state_dict_refuses_other_config() -> None:
+    cfg = SHACConfig(num_envs=2, horizon=2, actor_hidden=(8,), critic_hidden=(8,), critic_iterations=1)
+    env_cfg = EnvConfig(motion_file=standing_motion(0.3))
+    sd = SHAC(cfg, env_cfg).state_dict()
+    with pytest.raises(ValueError, match=r"different config; differing fields: gamma \(state 0.99, agent 0.9\)"):
+        SHAC(dataclasses.replace(cfg, gamma=0.9), env_cfg).load_state_dict(sd)
+    with pytest.raises(ValueError, match="not a SHAC state"):
+        SHAC(cfg, env_cfg).load_state_dict({"format": "bcg.ppo/1"})
+
+
+# ------------------------------------------------------------------------------------------------ learning
+
+
+def _learn(iterations: int, **kw) -> list[dict[str, float]]:
+    cfg = dataclasses.replace(PRESETS["cpu-small"], num_envs=8, horizon=16, **kw)
+    agent = SHAC(cfg, EnvConfig(motion_file=standing_motion(2.0)), seed=0)
+    return [agent.train_iteration() for _ in range(iterations)]
+
+
+def test_shac_improves_standing_pose() -> None:
+    hist = _learn(25)
+    first = np.mean([m["reward"] for m in hist[:3]])
+    last = np.mean([m["reward"] for m in hist[-3:]])
+    assert last > first + 0.1, (first, last)
+
+
+# ------------------------------------------------------------------------------------------------ export, config
+
+
+def test_export_policy_reproduces_the_mean_action(tmp_path) -> None:
+    from bcg.agents.export import load_policy, save_policy
+
+    cfg = SHACConfig(num_envs=2, horizon=2, actor_hidden=(16, 8), critic_hidden=(8,), critic_iterations=1)
+    agent = SHAC(cfg, EnvConfig(motion_file=standing_motion(0.5)))
+    agent.train_iteration()
+    policy = load_policy(save_policy(tmp_path / "policy.pt", agent.export_policy()))
+    obs = agent._obs
+    with torch.no_grad():
+        want = agent.actor(agent.obs_rms.normalize(obs))  # the deterministic policy (no noise)
+        got = policy(obs)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)  # the same float32 arithmetic
+    assert policy.agent == "shac" and policy.obs_clip == agent.config.obs_clip
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("num_envs", 0, "num_envs must be an integer >= 1"),
+    ("horizon", 2.5, "horizon must be an integer"),
+    ("gamma", 1.5, r"gamma must be a finite number in \[0.0, 1.0\]"),
+    ("lam", -0.1, "lam"),
+    ("actor_lr", -1e-3, "actor_lr"),
+    ("target_critic_alpha", 1.0, "target_critic_alpha"),
+    ("actor_grad_norm", 0.0, "actor_grad_norm"),
+    ("skip_grad_norm", float("nan"), "skip_grad_norm"),
+    ("betas", (0.9, 1.0), "betas must be two numbers in"),
+    ("actor_hidden", (64, 0), "actor_hidden must be a tuple of integers >= 1"),
+    ("activation", "gelu", "activation must be one of"),
+    ("lr_schedule", "cosine", "lr_schedule must be 'linear' or 'constant'"),
+    ("obs_clip", -1.0, "obs_clip"),
+    ("critic_minibatches", 10_000, "critic_minibatches"),
+])
+def test_bad_config_values_are_refused(field: str, value, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        SHACConfig(**{field: value})
+
+
+def test_bad_constructor_arguments_are_refused() -> None:
+    with pytest.raises(TypeError, match="config must be a SHACConfig"):
+        SHAC({"num_envs": 2}, EnvConfig())
+    with pytest.raises(TypeError, match="env_config must be a bcg.envs.EnvConfig"):
+        SHAC(SHACConfig(num_envs=2), {"motion_file": "jump"})
+    with pytest.raises(ValueError, match="seed must be an integer"):
+        SHAC(SHACConfig(num_envs=2), EnvConfig(), seed=-1)
+    with pytest.raises(TypeError, match="estimator must be a bcg.estimators.Estimator"):
+        SHAC(SHACConfig(num_envs=2), EnvConfig(), estimator="bcg")
+    with pytest.raises(ValueError, match="autoreset"):
+        SHAC(SHACConfig(num_envs=2), EnvConfig(autoreset=False))
+
+
+def test_presets() -> None:
+    assert set(PRESETS) >= {"paper", "cpu-small"}
+    p = PRESETS["paper"]
+    assert (p.num_envs, p.horizon, p.gamma, p.lam, p.actor_lr, p.critic_lr, p.betas, p.num_critics) == (
+        64, 32, 0.99, 0.95, 5e-3, 2e-3, (0.7, 0.95), 3)
+    assert (p.critic_iterations, p.critic_minibatches, p.actor_grad_norm, p.critic_grad_norm) == (16, 4, 1.0, 10.0)
+    assert p.actor_hidden == (512, 256, 128) and p.critic_hidden == (256, 256) and p.init_action_std == 1.0
