@@ -225,7 +225,7 @@ def test_exported_policy_file_runs_in_mujoco(tmp_path):
     from bcg.evaluation.evaluate_cli import Evaluate
 
     run = _tiny_policy_file(tmp_path)
-    assert Evaluate(str(run), phases=2, seeds=(0,), seconds=0.2, progress=False).run() == 0
+    assert Evaluate(str(run), phases=2, seeds=(0,), seconds=0.1, progress=False).run() == 0
     d = json.loads((run / "eval" / "metrics.json").read_text())
     assert d["motion"] == "jump" and d["policy"].endswith("policy.pt")
     assert d["mujoco"]["steps"] > 0 and np.isfinite(d["mujoco"]["e_track_cm"])
@@ -257,8 +257,22 @@ def test_missing_gl_gives_a_clear_message(tmp_path):
             "sys.exit(tyro.cli(Evaluate, args=sys.argv[1:]).run())")
     out = tmp_path / "out"
     p = subprocess.run([sys.executable, "-c", code, "reference", "--motion", "jump", "--phases", "1", "--seeds", "0",
-                        "--seconds", "0.1", "--video", str(tmp_path / "v.mp4"), "--out-dir", str(out),
+                        "--seconds", "0.04", "--video", str(tmp_path / "v.mp4"), "--out-dir", str(out),
                         "--no-progress"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 3, p.stderr[-2000:]
     assert "no video" in p.stderr and "MUJOCO_GL=egl" in p.stderr and "Traceback" not in p.stderr
     assert (out / "metrics.json").is_file() and not (tmp_path / "v.mp4").exists()
+
+
+def test_policy_with_another_observation_layout_is_refused():
+    class Wrong(RandomPolicy):
+        observation_layout = [("root_height", 1)]
+
+    with pytest.raises(ValueError, match="observation layout"):
+        replay(Wrong(), "jump", TransferOptions(phases=1, seeds=(0,), seconds=0.04))
+
+
+def test_options_are_checked():
+    for bad in (dict(phases=0), dict(seeds=()), dict(seeds=(-1,)), dict(seconds=0.0), dict(joint_noise=-0.1)):
+        with pytest.raises(ValueError):
+            TransferOptions(**bad)

@@ -53,9 +53,12 @@ def load_source(source: str, motion: str | None) -> tuple[Any, str, dict[str, An
         # a packaged clip by its name (portable across checkouts), any other clip by the file it was loaded from
         motion = name if name in PACKAGED_MOTIONS or not (src and Path(src).is_file()) else src
     env_kwargs: dict[str, Any] = {"action_scale": policy.action_scale.detach().cpu().double().numpy()}
-    kappa = policy.meta.get("env", {}).get("kappa")
-    if kappa is not None:
-        env_kwargs["kappa"] = float(kappa)
+    # the dynamics options the policy was trained with (None: the env's default): contact stiffness for our
+    # simulator's replay, and the substep and substep count, hence the control rate, for both simulators
+    for key, cast in (("kappa", float), ("substeps", int), ("sim_dt", float)):
+        value = policy.meta.get("env", {}).get(key)
+        if value is not None:
+            env_kwargs[key] = cast(value)
     return policy, motion, env_kwargs, run_dir / "eval", str(file)
 
 
@@ -71,6 +74,8 @@ class Evaluate:
     """Also write an MP4 of one MuJoCo episode beside the reference ghost (needs an OpenGL back end)."""
     video_episode: int = 0
     """Which episode the video shows (0: phase 0 of the first seed, the start of the clip)."""
+    video_size: tuple[int, int] = (640, 480)
+    """Width and height of the video [pixels]."""
     phases: int = 4
     """Start phases per seed, spread evenly over the clip."""
     seeds: tuple[int, ...] = (0, 1)
@@ -106,7 +111,8 @@ class Evaluate:
             from bcg.envs.rendering import RenderingUnavailableError
 
             try:
-                path = render_video(rollout, motion, self.video, episode=self.video_episode, progress=self.progress)
+                path = render_video(rollout, motion, self.video, episode=self.video_episode,
+                                    width=self.video_size[0], height=self.video_size[1], progress=self.progress)
             except RenderingUnavailableError as exc:
                 print(f"bcg evaluate: no video: {exc}", file=sys.stderr)
                 return 3

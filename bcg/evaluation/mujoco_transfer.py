@@ -287,6 +287,11 @@ class Rollout:
 
 
 def _bound_policy(policy: Any, env: G1TrackingVectorEnv) -> Policy:
+    """The callable for ``env``; a policy that states its observation layout (an exported policy) must match."""
+    layout = getattr(policy, "observation_layout", None)
+    if layout is not None and [tuple(x) for x in layout] != [tuple(x) for x in env.observation_layout]:
+        raise ValueError(f"the policy expects the observation layout {layout}, the env produces "
+                         f"{env.observation_layout}")
     return policy.bind(env) if hasattr(policy, "bind") else policy
 
 
