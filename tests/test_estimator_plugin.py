@@ -85,7 +85,7 @@ def test_entry_point_of_a_temporary_distribution(tmp_path, monkeypatch: pytest.M
         out = capsys.readouterr().out
         assert "aobg: Alpha-order batched gradient" in out
         assert "alpha: float | Literal['auto'] = 'auto'  Weight of the first-order estimate" in out
-        assert "gamma: float = 1.0" in out and "delta: float = 0.95" in out and "bptt:" in out
+        assert "gamma: float = 10.0" in out and "delta: float = 0.95" in out and "bptt:" in out
     finally:
         _forget_plugin()
 
@@ -167,7 +167,7 @@ def test_alpha_one_is_grs_with_the_same_perturbations(aobg) -> None:
     from test_estimators import _env, _rollout
 
     B = 4
-    est = make("aobg", alpha=1.0, branches=B, seed=3)
+    est = make("aobg", alpha=1.0, branches=B, seed=3, sigma_q=0.02, sigma_qd=0.05, sigma_u=0.0)
     got = _rollout(_env(est), steps=3)
     ref = _rollout(_env(GRS(branches=B, seed=3)), steps=3)
     assert torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1])
@@ -267,7 +267,7 @@ def test_auto_alpha_through_the_estimator(aobg, env) -> None:
     gradient is the hand-computed mix with those alphas."""
     B, seed = 6, 2
     q, qd, t, cot = _inputs(env)
-    kw = {"branches": B, "seed": seed, "sigma_u": 0.05}
+    kw = {"branches": B, "seed": seed, "sigma_q": 0.02, "sigma_qd": 0.05, "sigma_u": 0.05}
     zero = make("aobg", alpha="auto", gamma=0.0, **kw).set_inner(scripted)
     _, g_auto = _estimate(zero, env, q, qd, t, cot)
     _, g_zero = _estimate(make("aobg", alpha=0.0, **kw).set_inner(scripted), env, q, qd, t, cot)
@@ -300,7 +300,8 @@ def test_a_non_finite_branch_is_dropped(aobg, env) -> None:
             return q1, torch.where(bad[:, None], float("nan"), qd1), c
         return inner
 
-    est = make("aobg", alpha=alpha, branches=B, seed=seed).set_inner(breaking([N + 1]))  # N baseline rows first
+    kw = {"alpha": alpha, "branches": B, "seed": seed, "sigma_q": 0.02, "sigma_qd": 0.05, "sigma_u": 0.0}
+    est = make("aobg", **kw).set_inner(breaking([N + 1]))  # N baseline rows first
     (q1, qd1, _), grads = _estimate(est, env, q, qd, t, cot)
     assert est.last_stats.nonfinite_dropped == 1 and est.last_stats.envs_all_nonfinite == 0
     assert torch.isfinite(q1).all() and torch.isfinite(qd1).all() and all(torch.isfinite(g).all() for g in grads)
@@ -310,7 +311,7 @@ def test_a_non_finite_branch_is_dropped(aobg, env) -> None:
     for a, b in zip(grads, want, strict=True):
         torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-5)
 
-    base = make("aobg", alpha=alpha, branches=B, seed=seed).set_inner(breaking([1]))  # row 1's baseline
+    base = make("aobg", **kw).set_inner(breaking([1]))  # row 1's baseline
     _, grads = _estimate(base, env, q, qd, t, cot)
     assert base.alpha_stats.nominal_nonfinite == 1 and base.last_alpha.tolist() == pytest.approx([alpha, 1.0, alpha])
     _, fo = _hand(env, q, qd, t, cot, B=B, sq=0.02, sqd=0.05, su=0.0, seed=seed, alpha=1.0)
@@ -319,7 +320,7 @@ def test_a_non_finite_branch_is_dropped(aobg, env) -> None:
 
 def test_state_dict_round_trip(aobg, env) -> None:
     q, qd, t, cot = _inputs(env)
-    est = make("aobg", branches=3, sigma_u=0.05, seed=1).set_inner(scripted)
+    est = make("aobg", branches=3, sigma_q=0.02, sigma_u=0.05, seed=1).set_inner(scripted)
     _estimate(est, env, q, qd, t, cot)
     import io
 
@@ -328,7 +329,7 @@ def test_state_dict_round_trip(aobg, env) -> None:
     buf.seek(0)
     sd = torch.load(buf, weights_only=True)
     (ref, _, _), g_ref = _estimate(est, env, q, qd, t, cot)
-    fresh = make("aobg", branches=3, sigma_u=0.05, seed=1).set_inner(scripted)
+    fresh = make("aobg", branches=3, sigma_q=0.02, sigma_u=0.05, seed=1).set_inner(scripted)
     fresh.load_state_dict(sd)
     assert fresh.alpha_stats == make("aobg").alpha_stats.__class__(**sd["alpha_stats"])
     (got, _, _), g_got = _estimate(fresh, env, q, qd, t, cot)

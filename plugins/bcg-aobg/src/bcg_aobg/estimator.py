@@ -1,18 +1,19 @@
 """``aobg``: the alpha-order batched gradient (METHOD.md 4.1 and 4.3, Suh et al. 2022) as a ``bcg`` estimator.
 
-Per control step every row (environment) is expanded into B perturbed branches (independent Gaussians on the hinge
-angles, the hinge rates and, with ``sigma_u > 0``, the PD targets; constants for backprop, clamped to the joint
-limits as ``grs`` clamps them) plus one unperturbed nominal branch, all simulated in one call of the inner
-transition function. The forward value is the branch mean, exactly as ``grs`` (the nominal branch only serves as
-the baseline of the zeroth-order estimate). The backward pass goes through a custom ``torch.autograd.Function``:
-for the cotangent g of the mean and every perturbed input coordinate j,
+Per control step every row (environment) is expanded into B perturbed branches (independent Gaussians on the PD
+targets, ``sigma_u``, and optionally on the hinge angles and rates, ``sigma_q``, ``sigma_qd``; constants for
+backprop, the hinge offsets clamped to the joint limits as ``grs`` clamps them) plus one unperturbed nominal
+branch, all simulated in one call of the inner transition function. The forward value is the branch mean, computed
+as ``grs`` computes it (the nominal branch only serves as the baseline of the zeroth-order estimate). The backward
+pass goes through a custom ``torch.autograd.Function``: for the cotangent g of the mean and every perturbed input
+coordinate j,
 
     grad_j = alpha * FoBG_j + (1 - alpha) * ZoBG_j,
     FoBG = sum_i w_i g^T df(x + w_i)/dx          (the branch mean's autograd gradient, = grs),
     ZoBG_j = sum_i w_i <g, f(x + w_i) - f(x)> w_ij / sigma_j^2,
 
 with w_i = 1/B over the usable branches (non-finite ones dropped, the weights renormalised). Coordinates that are not
-perturbed (the floating base, the targets with ``sigma_u = 0``) keep the first-order gradient. alpha is fixed
+perturbed (the floating base, and by default the hinge angles and rates) keep the first-order gradient. alpha is fixed
 (``alpha`` a number) or chosen per row by the bias-constrained rule (``alpha="auto"``,
 :func:`bcg_aobg.mix.bias_constrained_alpha`) from the same B branches.
 
@@ -67,18 +68,22 @@ class AOBG(Estimator):
     branches: int = 10
     """B, perturbed branches per row and control step (plus one unperturbed baseline branch when a gradient is
     needed)."""
-    sigma_q: float = 0.02
-    """Standard deviation of the hinge-angle perturbation [rad] (0: angles not perturbed, first-order gradient)."""
-    sigma_qd: float = 0.05
+    sigma_q: float = 0.0
+    """Standard deviation of the hinge-angle perturbation [rad] (0: angles not perturbed, first-order gradient).
+    Off by default: a zeroth-order state Jacobian from B = 10 samples in 29 + 29 dimensions is so noisy that its
+    product over a window grows about 10x per step (measured on the jump clip, see docs/estimator_plugins.md)."""
+    sigma_qd: float = 0.0
     """Standard deviation of the hinge-rate perturbation [rad/s] (0: rates not perturbed)."""
-    sigma_u: float = 0.0
-    """Standard deviation of the PD-target perturbation [rad] (the action noise of the policy setting of
-    METHOD.md 4.1). 0 keeps the shared action of grs and the first-order gradient to the targets."""
+    sigma_u: float = 0.02
+    """Standard deviation of the PD-target perturbation [rad]: the action noise of the policy setting of
+    METHOD.md 4.1 (the zeroth-order part enters once per path from a step's action, never along the state chain).
+    0 keeps the shared action of grs and the first-order gradient to the targets."""
     alpha: float | Literal["auto"] = "auto"
     """Weight of the first-order estimate in [0, 1] (1: FoBG = grs, 0: pure ZoBG), or ``auto`` for the
     bias-constrained choice per row."""
-    gamma: float = 1.0
-    """Auto rule: bias tolerance gamma (in the units of the gradient with respect to the step's inputs)."""
+    gamma: float = 10.0
+    """Auto rule: bias tolerance gamma, in the units of the gradient with respect to the step's inputs (absolute, so
+    it depends on the loss scale; on the jump clip gamma = 1 always gives alpha = 0, 10 mostly alpha-bar ~ 1)."""
     L: float = 10.0
     """Auto rule: bound L on the gradient norm in the Bernstein width (official default 10)."""
     delta: float = 0.95
