@@ -65,8 +65,8 @@ __all__ = ["RUN_CONTROL_FIELDS", "TrainConfig", "Trainer", "build_agent", "colle
 FIXED_COLUMNS: tuple[str, ...] = ("iteration", "samples", "wall_time_s")
 """The trainer's own metrics.csv columns, before :data:`~bcg.agents.base.METRIC_NAMES` and the agent's extras."""
 
-RUN_CONTROL_FIELDS: tuple[str, ...] = ("iterations", "checkpoint_every", "resume", "out", "name", "device",
-                                       "torch_threads", "progress", "tensorboard")
+RUN_CONTROL_FIELDS: tuple[str, ...] = ("iterations", "max_time_s", "checkpoint_every", "resume", "out", "name",
+                                       "device", "torch_threads", "progress", "tensorboard")
 """TrainConfig fields a resumed run may change: how long and where it runs, not what it computes (the numbers are
 exact on the device the checkpoint was written on)."""
 
@@ -122,6 +122,9 @@ class TrainConfig:
     iterations: int = 100
     """Iterations to run in total (a resumed run continues up to this number). One SHAC iteration is one window;
     one PPO iteration one rollout and its update. The learning-rate schedule follows the agent config's own length."""
+    max_time_s: float | None = None
+    """Stop (checkpoint and export as at the end) once the run's training wall time reaches this [s] (None: no
+    limit). Counted over the iterations only, across resumes."""
     seed: int = 0
     """Seed of the networks, the action noise, the environment resets and the estimator's draws."""
     out: Path = Path("runs")
@@ -132,7 +135,8 @@ class TrainConfig:
     """Write a checkpoint every this many iterations (0: only at the end and on Ctrl-C)."""
     resume: Path | None = None
     """Continue a run: its run directory (latest checkpoint) or a checkpoint file. The other options default to the
-    checkpoint's; only iterations, checkpoint_every, device, torch_threads, progress and tensorboard may differ."""
+    checkpoint's; only iterations, max_time_s, checkpoint_every, device, torch_threads, progress and tensorboard may
+    differ."""
     device: str = "cpu"
     """Torch / Warp device of the environment and the networks: cpu or cuda[:K]."""
     kappa: float | None = None
@@ -158,6 +162,8 @@ class TrainConfig:
             raise ValueError(f"seed must be an integer in [0, 2^63 - 1], got {self.seed!r}")
         if self.torch_threads is not None:
             object.__setattr__(self, "torch_threads", check_count("torch_threads", self.torch_threads, 1))
+        if self.max_time_s is not None and not (isinstance(self.max_time_s, numbers.Real) and self.max_time_s > 0):
+            raise ValueError(f"max_time_s must be a number > 0 or None, got {self.max_time_s!r}")
         object.__setattr__(self, "out", Path(self.out))
         if self.resume is not None:
             object.__setattr__(self, "resume", Path(self.resume))
@@ -463,6 +469,7 @@ class Trainer:
         config: the resolved config as JSON-able values (written to config.json and into every checkpoint).
         iterations: total iterations (the loop runs from ``agent.iteration`` to here).
         checkpoint_every: checkpoint period in iterations (0: only at the end and on Ctrl-C).
+        max_time_s: stop once the cumulative training wall time reaches this [s] (None: no limit).
         resume_from: a checkpoint to continue: its config must equal ``config`` except :data:`RUN_CONTROL_FIELDS`,
             its agent state must fit ``agent``; the metrics rows are restored from it.
         progress: show the tqdm bar. tensorboard: write event files.
@@ -470,13 +477,14 @@ class Trainer:
     """
 
     def __init__(self, agent: Any, *, run_dir: str | Path, config: Mapping[str, Any], iterations: int,
-                 checkpoint_every: int = 50, resume_from: Checkpoint | None = None, progress: bool = True,
-                 tensorboard: bool = True, export: bool = True):
+                 checkpoint_every: int = 50, max_time_s: float | None = None, resume_from: Checkpoint | None = None,
+                 progress: bool = True, tensorboard: bool = True, export: bool = True):
         self.agent = agent
         self.run_dir = Path(run_dir)
         self.config = dict(config)
         self.iterations = int(iterations)
         self.checkpoint_every = int(checkpoint_every)
+        self.max_time_s = max_time_s
         self.progress = progress
         self.tensorboard = tensorboard
         self.export = export
@@ -601,6 +609,10 @@ class Trainer:
         wall = float(wall0)
         try:
             while self.agent.iteration < self.iterations and not self._stop:
+                if self.max_time_s is not None and wall >= self.max_time_s:
+                    print(f"[bcg train] time limit {self.max_time_s:g} s reached after {self.agent.iteration} "
+                          "iterations", file=sys.stderr)
+                    break
                 t0 = time.perf_counter()
                 # an iteration and its row are one unit: a Ctrl-C in here only sets _stop (see _on_sigint)
                 self._in_iteration = True
@@ -704,7 +716,8 @@ def train(cfg: TrainConfig, *, agent_factory: Callable[[TrainConfig], Any] = bui
                                   f"continue it with --resume {run_dir}")
     agent = agent_factory(cfg)
     trainer = Trainer(agent, run_dir=run_dir, config=config_to_dict(cfg), iterations=cfg.iterations,
-                      checkpoint_every=cfg.checkpoint_every, resume_from=ckpt, progress=cfg.progress,
+                      checkpoint_every=cfg.checkpoint_every, max_time_s=cfg.max_time_s, resume_from=ckpt,
+                      progress=cfg.progress,
                       tensorboard=cfg.tensorboard)
     status = trainer.run()
     return TrainResult(run_dir=run_dir, status=status, agent=agent)

@@ -1,0 +1,184 @@
+"""Learning on the CPU: mean tracking error against environment samples and wall-clock for SHAC+BCG, SHAC (bptt)
+and PPO on the jump clip with the cpu-small preset, several seeds each, in one run.
+
+Every (method, seed) is one ``bcg train`` run (a subprocess, so that the runs do not share torch state) with the same
+wall-clock budget; the script then reads the runs' ``metrics.csv`` and prints
+
+* per method: iterations, samples and wall time reached, the final tracking error (mean of the last iterations'
+  rollout errors, then over seeds);
+* the environment samples each method needs to reach the tracking error PPO ends with (first iteration at which the
+  moving average of the run's tracking error is at or below that value; per seed);
+
+and plots tracking error against samples and against wall-clock (``docs/img/learning_cpu.png``).
+
+The tracking error is the one the agents log (``tracking_error_cm``: mean body-position error of the iteration's
+training rollout, with the exploration noise of the policy). Samples count every simulated environment step
+(for BCG, every branch).
+
+    python benchmarks/learning_cpu.py                          # 3 methods x 2 seeds x 180 s each (about 20 min)
+    python benchmarks/learning_cpu.py --budget-s 60 --seeds 0  # a quick look
+    python benchmarks/learning_cpu.py --reuse runs/learning_cpu   # re-plot finished runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+METHODS: dict[str, list[str]] = {
+    "SHAC+BCG": ["--agent", "shac", "--estimator", "bcg"],
+    "SHAC (bptt)": ["--agent", "shac", "--estimator", "bptt"],
+    "PPO": ["--agent", "ppo"],
+}
+"""Method label -> the ``bcg train`` arguments that select it."""
+
+COLORS = {"SHAC+BCG": "C0", "SHAC (bptt)": "C1", "PPO": "C2"}
+
+
+def _slug(label: str) -> str:
+    return label.lower().replace("+", "-").replace(" ", "").replace("(", "-").replace(")", "")
+
+
+def run_one(label: str, seed: int, out: Path, budget_s: float, motion: str, extra: list[str]) -> Path:
+    """One ``bcg train`` run of ``label`` with ``seed`` for ``budget_s`` seconds of training; returns its directory."""
+    name = f"{_slug(label)}-s{seed}"
+    run_dir = out / name
+    if (run_dir / "policy.pt").exists():
+        print(f"[learning_cpu] {name}: finished run found, reused", flush=True)
+        return run_dir
+    cmd = [sys.executable, "-m", "bcg.cli", "train", *METHODS[label], "--motion", motion, "--preset", "cpu-small",
+           "--seed", str(seed), "--iterations", "100000", "--max-time-s", str(budget_s), "--out", str(out),
+           "--name", name, "--checkpoint-every", "0", "--no-progress", "--torch-threads", "1", *extra]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    print(f"[learning_cpu] {name}: {' '.join(cmd[3:])}", flush=True)
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{name} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    print(f"[learning_cpu] {name}: done in {time.perf_counter() - t0:.0f} s", flush=True)
+    return run_dir
+
+
+def read_metrics(run_dir: Path) -> dict[str, list[float]]:
+    """Columns of a run's metrics.csv as float lists."""
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    return {k: [float(r[k]) for r in rows] for k in rows[0]} if rows else {}
+
+
+def moving_average(x: list[float], k: int) -> list[float]:
+    """Trailing mean over the last ``k`` values (fewer at the start)."""
+    out, acc = [], 0.0
+    for i, v in enumerate(x):
+        acc += v
+        if i >= k:
+            acc -= x[i - k]
+        out.append(acc / min(i + 1, k))
+    return out
+
+
+def samples_to_reach(m: dict[str, list[float]], target: float, k: int) -> float:
+    """Samples at the first iteration whose k-iteration moving average of the tracking error is <= target (NaN if
+    never)."""
+    for s, e in zip(m["samples"], moving_average(m["tracking_error_cm"], k), strict=True):
+        if e <= target:
+            return s
+    return math.nan
+
+
+def final_error(m: dict[str, list[float]], k: int) -> float:
+    """Mean tracking error of the last ``k`` iterations [cm]."""
+    e = m["tracking_error_cm"][-k:]
+    return sum(e) / len(e)
+
+
+def plot(results: dict[str, list[dict[str, list[float]]]], path: Path, smooth: int, target: float) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for label, runs in results.items():
+        for j, m in enumerate(runs):
+            e = moving_average(m["tracking_error_cm"], smooth)
+            kw = dict(color=COLORS.get(label), lw=1.2, alpha=0.9 if j == 0 else 0.55,
+                      label=label if j == 0 else None)
+            axes[0].plot(m["samples"], e, **kw)
+            axes[1].plot(m["wall_time_s"], e, **kw)
+    for ax in axes:
+        ax.axhline(target, color="0.5", lw=0.8, ls="--")
+        ax.grid(alpha=0.3)
+    axes[0].set_xscale("log")
+    axes[0].set_xlabel("environment samples (every simulated step, branches included)")
+    axes[1].set_xlabel("training wall-clock [s] (2-core CPU, 1 torch thread, shared)")
+    axes[0].set_ylabel(f"tracking error [cm] ({smooth}-iteration moving mean)")
+    axes[0].legend(fontsize=8)
+    fig.suptitle("jump clip, cpu-small preset: training-rollout tracking error (dashed: PPO's final error)",
+                 fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1], help="seeds of every method")
+    ap.add_argument("--budget-s", type=float, default=180.0, help="training wall-clock per run [s]")
+    ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS), help="methods to run")
+    ap.add_argument("--motion", default="jump", help="clip (default jump)")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "learning_cpu", help="folder of the runs")
+    ap.add_argument("--reuse", type=Path, default=None, help="only read and plot the runs in this folder")
+    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "learning_cpu.png", help="output PNG")
+    ap.add_argument("--smooth", type=int, default=5, help="moving-average window [iterations]")
+    ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more bcg train arguments for every run")
+    args = ap.parse_args(argv)
+
+    out = args.reuse or args.out
+    results: dict[str, list[dict[str, list[float]]]] = {}
+    for label in args.methods:
+        runs = []
+        for seed in args.seeds:
+            run_dir = out / f"{_slug(label)}-s{seed}"
+            if args.reuse is None:
+                run_dir = run_one(label, seed, out, args.budget_s, args.motion, args.extra)
+            m = read_metrics(run_dir)
+            if m:
+                runs.append(m)
+        results[label] = runs
+
+    k = args.smooth
+    ppo = results.get("PPO", [])
+    target = sum(final_error(m, k) for m in ppo) / len(ppo) if ppo else math.nan
+    print()
+    print(f"jump, cpu-small, {args.budget_s:g} s per run, seeds {args.seeds}; tracking error = mean of the last {k} "
+          "iterations' rollout errors")
+    print(f"{'method':12s} {'iters':>6s} {'samples':>9s} {'wall s':>7s} {'start cm':>9s} {'final cm':>9s}  "
+          f"samples to reach PPO's final {target:.2f} cm (per seed)")
+    for label, runs in results.items():
+        if not runs:
+            continue
+        it = sum(m["iteration"][-1] for m in runs) / len(runs)
+        sm = sum(m["samples"][-1] for m in runs) / len(runs)
+        wall = sum(m["wall_time_s"][-1] for m in runs) / len(runs)
+        start = sum(sum(m["tracking_error_cm"][:k]) / len(m["tracking_error_cm"][:k]) for m in runs) / len(runs)
+        fin = sum(final_error(m, k) for m in runs) / len(runs)
+        reach = [samples_to_reach(m, target, k) for m in runs]
+        reach_s = ", ".join("never" if math.isnan(r) else f"{r:.3g}" for r in reach)
+        print(f"{label:12s} {it:6.0f} {sm:9.3g} {wall:7.0f} {start:9.2f} {fin:9.2f}  {reach_s}")
+    plot(results, args.plot, k, target)
+    print(f"\nplot: {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
