@@ -276,3 +276,19 @@ def test_options_are_checked():
     for bad in (dict(phases=0), dict(seeds=()), dict(seeds=(-1,)), dict(seconds=0.0), dict(joint_noise=-0.1)):
         with pytest.raises(ValueError):
             TransferOptions(**bad)
+
+
+@pytest.mark.slow
+def test_trained_run_evaluates(tmp_path):
+    """`bcg train` for one SHAC iteration, then the evaluate command on its run directory (about 45 s)."""
+    from bcg.evaluation.evaluate_cli import Evaluate
+
+    p = subprocess.run([sys.executable, "-m", "bcg.cli", "train", "--motion", "jump", "--iterations", "1",
+                        "--shac.num-envs", "4", "--out", str(tmp_path), "--name", "tiny", "--no-progress"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    run = tmp_path / "tiny"
+    assert Evaluate(str(run), phases=2, seeds=(0,), seconds=0.2, progress=False).run() == 0
+    d = json.loads((run / "eval" / "metrics.json").read_text())
+    ends = {e["end"] for sim in ("mujoco", "bcg") for e in d["episodes"][sim]}
+    assert ends <= {"fell", "unstable", "end"} and d["mujoco"]["episodes"] == 2

@@ -14,7 +14,8 @@ our simulator, which is how the penetration difference Δd is measured on the sa
 Protocol: E = phases x seeds episodes run side by side, without autoreset. Episode (seed s, phase k) starts at frame
 floor(k (T - 1) / phases) of the T-frame clip in the reference pose and velocity (lifted so that no foot sphere is
 below the floor), with uniform joint-angle noise of half-width ``joint_noise`` drawn from seed s, and runs until the
-pelvis falls below the fall height (0.3 m), the state diverges, the clip ends or ``seconds`` have passed. A finished
+pelvis falls below the fall height (0.3 m), the state leaves the env's bounds (the instability guard: non-finite, or
+a speed above ``bcg.sim.MAX_SPEED``), the clip ends or ``seconds`` have passed. A finished
 episode is frozen (its physics is no longer advanced) and its later steps are not recorded.
 """
 
@@ -47,7 +48,7 @@ Policy = Callable[[torch.Tensor], torch.Tensor]
 """``policy(obs [N, 849] float32) -> raw actions [N, 29]`` (the env applies tanh and the action map)."""
 
 TERMINATION_DISTANCE = 1e3
-"""Key-body distance [m] that ends a replay episode: effectively never, so that only falls (and divergence) end one
+"""Key-body distance [m] that ends a replay episode: effectively never, so that only falls (and unstable states) end one
 early; a policy that drifts away from the reference keeps being measured."""
 
 
@@ -99,7 +100,7 @@ class MujocoTransition:
         q1, qd1 = q.clone(), qd.clone()
         nc = len(loop.sphere_geoms)
         imp, peak = torch.zeros(len(rows), nc), torch.zeros(len(rows), nc)
-        pen = torch.full((len(rows), nc), float("nan"))
+        pen = torch.zeros(len(rows), nc)  # frozen rows: no contact (their steps are not recorded)
         if act.any():
             out = loop.step(targets[act].cpu().double().numpy(), rows[act])
             a = torch.as_tensor(np.nonzero(act)[0])
@@ -137,7 +138,7 @@ class FrozenRows:
         zero = torch.zeros_like(c.impulse)
         return (torch.where(a, q1, q), torch.where(a, qd1, qd),
                 ContactReport(torch.where(a, c.impulse, zero), torch.where(a, c.peak_force, zero),
-                              torch.where(a, c.penetration, torch.full_like(zero, float("nan")))))
+                              torch.where(a, c.penetration, zero)))
 
 
 # ------------------------------------------------------------------------------------------------ policies
@@ -194,7 +195,7 @@ class TransferOptions:
 
 def make_env(motion: Any, num_envs: int, *, simulator: Literal["mujoco", "bcg"], seconds: float | None = None,
              **env_kwargs: Any) -> G1TrackingVectorEnv:
-    """The replay env: no autoreset, no randomisation, no gradients, episodes end only at a fall, a divergence, the
+    """The replay env: no autoreset, no randomisation, no gradients, episodes end only at a fall, an unstable state, the
     clip's end or after ``seconds``; ``simulator="mujoco"`` puts a :class:`MujocoTransition` behind it, ``"bcg"``
     keeps our simulator (wrapped in :class:`FrozenRows`). ``env_kwargs`` go to the env (``kappa``, ``action_scale``)."""
     from bcg.envs import G1TrackingVectorEnv
@@ -254,8 +255,9 @@ class Rollout:
     """[T, E, 8] foot-sphere penetration at the end of each step [m]."""
     fell: np.ndarray
     """[E] bool: the episode ended with the pelvis below the fall height."""
-    diverged: np.ndarray
-    """[E] bool: the episode ended because the state diverged."""
+    unstable: np.ndarray
+    """[E] bool: the episode ended because its state left the env's bounds (``info["nonfinite"]``: non-finite, or a
+    speed above ``bcg.sim.MAX_SPEED``)."""
     length: np.ndarray
     """[E] control steps each episode lasted."""
     start_frame: np.ndarray
@@ -271,15 +273,15 @@ class Rollout:
 
     def metrics(self) -> TrackingMetrics:
         """:class:`TrackingMetrics` over all episodes."""
-        return summarize(self.errors, self.mask, self.penetration, self.fell, self.control_dt)
+        return summarize(self.errors, self.mask, self.penetration, self.fell, self.control_dt, self.unstable)
 
     def episodes(self) -> list[dict[str, Any]]:
-        """Per episode: seed, start frame, length [steps], end (``"fell"`` / ``"diverged"`` / ``"end"``) and its mean
+        """Per episode: seed, start frame, length [steps], end (``"fell"`` / ``"unstable"`` / ``"end"``) and its mean
         E_track [cm]."""
         e = self.errors["e_track_cm"]
         out = []
         for i in range(len(self.length)):
-            end = "fell" if self.fell[i] else "diverged" if self.diverged[i] else "end"
+            end = "fell" if self.fell[i] else "unstable" if self.unstable[i] else "end"
             out.append({"seed": int(self.seed[i]), "start_frame": int(self.start_frame[i]),
                         "length": int(self.length[i]), "end": end,
                         "e_track_cm": float(e[self.mask[:, i], i].mean()) if self.length[i] else float("nan")})
@@ -334,7 +336,7 @@ def replay(policy: Any, motion: Any, options: TransferOptions = TransferOptions(
     active = torch.ones(E, dtype=torch.bool)
     errs: dict[str, list[np.ndarray]] = {k: [] for k in ERROR_NAMES}
     masks, pens, qs, fr = [], [], [env.state.q.double().numpy().copy()], [env.state.frame.numpy().copy()]
-    fell, diverged, length = np.zeros(E, bool), np.zeros(E, bool), np.zeros(E, np.int64)
+    fell, unstable, length = np.zeros(E, bool), np.zeros(E, bool), np.zeros(E, np.int64)
     obs = env.observe()
     bar = None
     if progress:
@@ -361,7 +363,7 @@ def replay(policy: Any, motion: Any, options: TransferOptions = TransferOptions(
             fr.append(s.frame.numpy().copy())
             done = (terminated | truncated) & active
             fell |= (done & info["fell"]).numpy()
-            diverged |= (done & info["nonfinite"]).numpy()
+            unstable |= (done & info["nonfinite"]).numpy()
             length[active.numpy()] += 1
             active = active & ~done
             if bar is not None:
@@ -372,7 +374,7 @@ def replay(policy: Any, motion: Any, options: TransferOptions = TransferOptions(
         bar.close()
     env.close()
     return Rollout(simulator=simulator, errors={k: np.stack(v) for k, v in errs.items()}, mask=np.stack(masks),
-                   penetration=np.stack(pens), fell=fell, diverged=diverged, length=length, start_frame=frames,
+                   penetration=np.stack(pens), fell=fell, unstable=unstable, length=length, start_frame=frames,
                    seed=seeds, qpos=np.stack(qs), frame=np.stack(fr), control_dt=float(env.control_dt))
 
 

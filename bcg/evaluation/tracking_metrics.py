@@ -108,6 +108,9 @@ class TrackingMetrics:
     """Episodes that ended with the pelvis below the fall height."""
     fall_rate: float
     """falls / episodes."""
+    unstable: int
+    """Episodes that ended because the state left the env's bounds (non-finite, a speed above
+    ``bcg.sim.MAX_SPEED`` = 200 m/s or rad/s, ...): the env's instability guard, applied to either simulator."""
     episodes: int
     """Number of episodes."""
     steps: int
@@ -150,7 +153,7 @@ def _fmt(v: float | int) -> str:
 
 
 def summarize(errors: dict[str, np.ndarray], mask: np.ndarray, penetration: np.ndarray, fell: np.ndarray,
-              control_dt: float) -> TrackingMetrics:
+              control_dt: float, unstable: np.ndarray | None = None) -> TrackingMetrics:
     """:class:`TrackingMetrics` of recorded rollouts.
 
     Args:
@@ -159,6 +162,7 @@ def summarize(errors: dict[str, np.ndarray], mask: np.ndarray, penetration: np.n
         penetration: [T, E, nc] foot-sphere penetration at the end of every step [m].
         fell: [E] bool, the episodes that ended in a fall.
         control_dt: control period [s].
+        unstable: [E] bool, the episodes the env's instability guard ended (default: none).
     """
     mask = np.asarray(mask, dtype=bool)
     steps = int(mask.sum())
@@ -172,7 +176,8 @@ def summarize(errors: dict[str, np.ndarray], mask: np.ndarray, penetration: np.n
     episodes = int(mask.shape[1])
     falls = int(np.asarray(fell, dtype=bool).sum())
     return TrackingMetrics(
-        **{k: mean[k] for k in ERROR_NAMES}, falls=falls, fall_rate=falls / episodes, episodes=episodes,
+        **{k: mean[k] for k in ERROR_NAMES}, falls=falls, fall_rate=falls / episodes,
+        unstable=0 if unstable is None else int(np.asarray(unstable, dtype=bool).sum()), episodes=episodes,
         steps=steps, mean_penetration_mm=1e3 * float(pen),
         mean_episode_seconds=float(mask.sum(0).mean()) * float(control_dt),
     )
