@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import tyro
 
+from bcg.evaluation.evaluate_cli import Evaluate
+
 __all__ = ["COMMANDS", "main", "MOTION_COMMANDS"]
 
 
@@ -301,6 +303,7 @@ COMMANDS: dict[str, type | dict[str, type]] = {
     "motions": MOTION_COMMANDS,
     "train": Train,
     "export": Export,
+    "evaluate": Evaluate,
 }
 """Top-level commands: a dataclass (a command) or a dict of them (a group)."""
 
