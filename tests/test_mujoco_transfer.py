@@ -253,10 +253,9 @@ def test_missing_gl_gives_a_clear_message(tmp_path):
     ends with a message that says what to do, exit status 3, no traceback."""
     env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY")}
     env["MUJOCO_GL"] = "glfw"
-    code = ("import sys, tyro; from bcg.evaluation.evaluate_cli import Evaluate; "
-            "sys.exit(tyro.cli(Evaluate, args=sys.argv[1:]).run())")
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-c", code, "reference", "--motion", "jump", "--phases", "1", "--seeds", "0",
+    p = subprocess.run([sys.executable, "-m", "bcg.cli", "evaluate", "reference", "--motion", "jump", "--phases", "1",
+                        "--seeds", "0",
                         "--seconds", "0.04", "--video", str(tmp_path / "v.mp4"), "--out-dir", str(out),
                         "--no-progress"], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode == 3, p.stderr[-2000:]
@@ -292,3 +291,12 @@ def test_trained_run_evaluates(tmp_path):
     d = json.loads((run / "eval" / "metrics.json").read_text())
     ends = {e["end"] for sim in ("mujoco", "bcg") for e in d["episodes"][sim]}
     assert ends <= {"fell", "unstable", "end"} and d["mujoco"]["episodes"] == 2
+
+
+def test_command_errors_are_messages(capsys):
+    from bcg.cli import main
+
+    assert main(["evaluate", "/no/such/run"]) == 2
+    assert "neither a run directory, a policy file nor 'reference'" in capsys.readouterr().err
+    assert main(["evaluate", "reference"]) == 2
+    assert "needs --motion" in capsys.readouterr().err

@@ -7,7 +7,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import tyro
 
@@ -66,7 +66,7 @@ def load_source(source: str, motion: str | None) -> tuple[Any, str, dict[str, An
 class Evaluate:
     """Replay a policy in MuJoCo and in bcg's simulator; write tracking metrics (JSON, Markdown) and a video."""
 
-    source: tyro.conf.Positional[str]
+    source: tyro.conf.Positional[Annotated[str, tyro.conf.arg(metavar="RUN_OR_POLICY_FILE")]]
     """A run directory (holding policy.pt), a policy file, or `reference` (the reference-replay baseline)."""
     motion: str | None = None
     """Clip to track (packaged name or file); default: the policy's own clip (required for `reference`)."""
@@ -94,11 +94,15 @@ class Evaluate:
     def run(self) -> int:
         from bcg.evaluation.mujoco_transfer import TransferOptions, evaluate_transfer, render_video
 
-        policy, motion, env_kwargs, default_out, label = load_source(self.source, self.motion)
+        try:
+            policy, motion, env_kwargs, default_out, label = load_source(self.source, self.motion)
+            opts = TransferOptions(phases=self.phases, seeds=tuple(self.seeds), seconds=self.seconds,
+                                   joint_noise=self.joint_noise)
+        except (FileNotFoundError, ValueError) as exc:  # no such run / file, not a policy file, bad options
+            print(f"bcg evaluate: error: {exc}", file=sys.stderr)
+            return 2
         if self.kappa is not None:
             env_kwargs["kappa"] = float(self.kappa)
-        opts = TransferOptions(phases=self.phases, seeds=tuple(self.seeds), seconds=self.seconds,
-                               joint_noise=self.joint_noise)
         report, rollout = evaluate_transfer(policy, motion, opts, label=label, progress=self.progress,
                                             env_kwargs=env_kwargs)
         out = self.out_dir or default_out
