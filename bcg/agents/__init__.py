@@ -12,6 +12,8 @@ _LAZY: dict[str, str] = {
     "METRIC_NAMES": "bcg.agents.base",
     "ADDConfig": "bcg.agents.add",
     "ADDReward": "bcg.agents.add",
+    "PPOAgent": "bcg.agents.ppo",
+    "PPOConfig": "bcg.agents.ppo",
     "ExportedPolicy": "bcg.agents.export",
     "load_policy": "bcg.agents.export",
     "policy_export": "bcg.agents.export",
