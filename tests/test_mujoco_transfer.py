@@ -82,11 +82,21 @@ def test_observations_agree_with_training_env():
     env.load_state(start_state(env, torch.tensor([0, 200, 400])))
     policy = ReferenceReplayPolicy().bind(env)
     obs = env.observe()
+    s0, targets = env.state, []
     for _ in range(6):
-        obs, *_ = env.step(policy(obs))
+        a = policy(obs)
+        targets.append(env.action_to_target(a).double().numpy())
+        obs, *_ = env.step(a)
     tfn = env.transition_fn
     assert isinstance(tfn, MujocoTransition) and tfn.resets == 3  # set from the env's state once, at the start
     q64 = tfn.qpos64()
+    # the env's MuJoCo is a plain float64 MuJoCo rollout from the start state: never re-rounded to float32 between
+    # steps (bit for bit the same as the loop on its own)
+    direct = MujocoLoop(3)
+    direct.set_state(s0.q.double().numpy(), s0.qd.double().numpy())
+    for t in targets:
+        direct.step(t)
+    np.testing.assert_array_equal(direct.qpos(), q64)
     np.testing.assert_array_equal(env.state.q.numpy(), q64.astype(np.float32))
 
     train = G1TrackingVectorEnv(3, "fight")
@@ -112,6 +122,14 @@ def test_observations_agree_with_training_env():
         # float32 kinematics of the float32 state against float64 MuJoCo: measured 2e-7 m
         np.testing.assert_allclose(obs[i, sl["key_pos_h"]].numpy(), np.concatenate(keys), atol=2e-6)
         np.testing.assert_allclose(float(obs[i, sl["root_height"]]), q64[i, 2], atol=1e-6)
+
+    # a row the env resets (here: row 1 replaced by a new start state) is set again from the env's state; the
+    # others continue from MuJoCo's own float64 state
+    fresh = start_state(env, torch.tensor([0, 600, 400]))
+    env.load_state(env.state.scatter(torch.tensor([1]), fresh[torch.tensor([1])]))
+    env.step(policy(env.observe()))
+    assert tfn.resets == 4
+    assert int(env.state.frame[1]) == 601 and int(env.state.frame[0]) == 7
 
 
 def test_metrics_of_kinematic_replay_are_zero():
