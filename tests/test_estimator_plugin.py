@@ -33,7 +33,8 @@ N = 3
 def _forget_plugin() -> None:
     """Unregister ``aobg`` and unload its modules (the next import registers it again)."""
     ESTIMATORS._classes.pop("aobg", None)
-    for mod in [m for m in sys.modules if m == "bcg_aobg" or m.startswith("bcg_aobg.")]:
+    ESTIMATORS._classes.pop("ep-only", None)
+    for mod in [m for m in sys.modules if m in ("bcg_aobg", "bcg_ep_only_test") or m.startswith("bcg_aobg.")]:
         del sys.modules[mod]
 
 
@@ -69,12 +70,18 @@ def test_entry_point_of_a_temporary_distribution(tmp_path, monkeypatch: pytest.M
         dist = tmp_path / "bcg_aobg-0.1.0.dist-info"
         dist.mkdir()
         (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: bcg-aobg\nVersion: 0.1.0\n")
-        (dist / "entry_points.txt").write_text("[bcg.estimators]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items()))
+        (dist / "entry_points.txt").write_text("[bcg.estimators]\n" + "".join(f"{k} = {v}\n" for k, v in eps.items())
+                                               + "ep-only = bcg_ep_only_test:Only\n")
+        # a class registered by its entry point alone (no decorator) gets the entry point's name, as checkpoints need
+        (tmp_path / "bcg_ep_only_test.py").write_text(
+            "from dataclasses import dataclass\nfrom bcg.estimators import BPTT\n\n\n"
+            "@dataclass(frozen=True)\nclass Only(BPTT):\n    pass\n")
         monkeypatch.syspath_prepend(str(tmp_path))
         monkeypatch.syspath_prepend(str(PLUGIN / "src"))
         assert "bcg_aobg.estimator" not in sys.modules
         ESTIMATORS.load_entry_points(force=True)
         assert "aobg" in ESTIMATORS and "bcg_aobg.estimator" in sys.modules
+        assert make("ep-only").name == "ep-only" and make("ep-only").state_dict()["name"] == "ep-only"
         est = make("aobg", alpha=0.25, branches=4)
         assert type(est).__module__ == "bcg_aobg.estimator" and est.alpha == 0.25 and est.name == "aobg"
         with pytest.raises(TypeError, match="no parameter.*sigma_p.*alpha"):

@@ -17,8 +17,8 @@ from bcg.estimators import make
 N = 4
 
 
-def _env(est):
-    env = gym.make_vec("BCG-G1-Jump-v0", num_envs=N, differentiable=False)
+def _env(est, differentiable: bool = False):
+    env = gym.make_vec("BCG-G1-Jump-v0", num_envs=N, differentiable=differentiable)
     est.attach(env)
     env.reset(seed=0)
     return env
@@ -45,15 +45,16 @@ def _continue(env, est, start: int, steps: int):
     return out
 
 
-@pytest.mark.parametrize("name, params", [
-    ("bcg", {"tau": 20.0, "branches": 3, "seed": 5}),                       # lagged trigger, H = 2: open at step 1
+@pytest.mark.parametrize("name, params, differentiable", [
+    ("bcg", {"tau": 20.0, "branches": 3, "seed": 5}, False),                # lagged trigger, H = 2: open at step 1
     ("bcg", {"tau": 20.0, "branches": 2, "horizon": 3, "timing": "rollback", "law": "cartesian",
-             "aggregation": "per_foot", "seed": 2}),
-    ("grs", {"branches": 3, "seed": 1}),
+             "aggregation": "per_foot", "seed": 2}, False),
+    ("bcg", {"trigger": "always", "branches": 2, "horizon": 3, "seed": 7}, True),  # offsets with graph: saved detached
+    ("grs", {"branches": 3, "seed": 1}, False),
 ])
-def test_checkpoint_mid_run_continues_bit_for_bit(name: str, params: dict) -> None:
+def test_checkpoint_mid_run_continues_bit_for_bit(name: str, params: dict, differentiable: bool) -> None:
     est = make(name, **params)
-    env = _env(est)
+    env = _env(est, differentiable)
     _continue(env, est, 0, 2)
     if name == "bcg":
         assert est.open_bundles.numel() > 0  # the snapshot is taken inside open bundles
@@ -62,7 +63,7 @@ def test_checkpoint_mid_run_continues_bit_for_bit(name: str, params: dict) -> No
     ref_total = est.total_stats
 
     est2 = make(name, **params)
-    env2 = _env(est2)
+    env2 = _env(est2, differentiable)
     env2.load_state(snap)
     est2.load_state_dict(sd)
     got = _continue(env2, est2, 2, 4)
@@ -74,7 +75,7 @@ def test_checkpoint_mid_run_continues_bit_for_bit(name: str, params: dict) -> No
 
     # a fresh estimator without the state draws other perturbations (the test can fail)
     est3 = make(name, **params)
-    env3 = _env(est3)
+    env3 = _env(est3, differentiable)
     env3.load_state(snap)
     other = _continue(env3, est3, 2, 4)
     assert not all(torch.equal(a[1], b[1]) for a, b in zip(ref, other, strict=True))

@@ -68,6 +68,8 @@ class _Registry(Mapping[str, type]):
                 continue
             if isinstance(obj, type) and ep.name not in self._classes:
                 self._add(ep.name, obj)
+                if "name" not in vars(obj):  # as the decorator does (not inherited): checkpoints record it
+                    obj.name = ep.name
 
     def _add(self, name: str, cls: type, replace: bool = False) -> None:
         from bcg.estimators.base import Estimator
