@@ -117,7 +117,7 @@ class Evaluate:
             try:
                 path = render_video(rollout, motion, self.video, episode=self.video_episode,
                                     width=self.video_size[0], height=self.video_size[1], progress=self.progress)
-            except RenderingUnavailableError as exc:
+            except (RenderingUnavailableError, ImportError) as exc:  # no OpenGL context; imageio not installed
                 print(f"bcg evaluate: no video: {exc}", file=sys.stderr)
                 return 3
             print(f"wrote {path}")

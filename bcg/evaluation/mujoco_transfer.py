@@ -455,6 +455,7 @@ def render_video(rollout: Rollout, motion: Any, path: str | Path, *, episode: in
         raise ValueError(f"episode must lie in [0, {len(rollout.length)}), got {episode}")
     try:
         import imageio.v2 as imageio
+        import imageio_ffmpeg  # noqa: F401 - the ffmpeg binary imageio's MP4 writer runs
     except ImportError as exc:  # pragma: no cover - depends on the installation
         raise ImportError("writing a video needs imageio and imageio-ffmpeg: pip install imageio imageio-ffmpeg"
                           ) from exc
