@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import torch
 
+import bcg.sim
 from bcg.estimators.base import Estimator, EstimatorStats, RowGradMask
 from bcg.estimators.grs import average_branches, cartesian_law_offsets, joint_gaussian_offsets
 from bcg.estimators.registry import register
@@ -304,6 +305,14 @@ class BCG(Estimator):
         oq_all = torch.cat([q.new_zeros(zeros_u, nq), off_q.reshape(k * B, nq)])
         oqd_all = torch.cat([qd.new_zeros(zeros_u, nv), off_qd.reshape(k * B, nv)])
         qb, qdb, tb = q[base] + oq_all, qd[base] + oqd_all, targets[base]
+        # an open bundle's stored offset added to a mean that moved can leave the simulator's speed bound, which
+        # bcg.sim.step refuses (it raises): such a branch starts from the nominal row and is dropped from the mean
+        with torch.no_grad():
+            unusable = ~(torch.isfinite(qb).all(-1) & torch.isfinite(qdb).all(-1)
+                         & (qdb.abs() <= float(bcg.sim.MAX_SPEED)).all(-1))
+        if bool(unusable.any()):
+            qb = torch.where(unusable[:, None], q[base], qb)
+            qdb = torch.where(unusable[:, None], qd[base], qdb)
         holder: dict = {}
         if torch.is_grad_enabled():
             qb, qdb, tb = (RowGradMask.apply(x, holder) for x in (qb, qdb, tb))
@@ -311,6 +320,9 @@ class BCG(Estimator):
                                        None if state is None else state[base])
         simulated += int(base.numel())
         bq, bqd = q1[zeros_u:], qd1[zeros_u:]
+        if bool(unusable.any()):  # NaN: average_branches drops the branch (value and gradient)
+            bq = torch.where(unusable[zeros_u:, None], torch.nan, bq)
+            bqd = torch.where(unusable[zeros_u:, None], torch.nan, bqd)
         bc = ContactReport(*(t[zeros_u:] for t in c1))
         mq, mqd, mc, keep = average_branches(bq, bqd, bc, k, B)
         holder["drop"] = torch.cat([torch.zeros(zeros_u, dtype=torch.bool, device=dev), ~keep.reshape(-1)])
