@@ -22,7 +22,6 @@ _LAZY: dict[str, str] = {
     "save_checkpoint": "bcg.agents.checkpoint",
     "TrainConfig": "bcg.agents.train",
     "Trainer": "bcg.agents.train",
-    "train": "bcg.agents.train",
     "export_run": "bcg.agents.train",
     "SHAC": "bcg.agents.shac",
     "SHACConfig": "bcg.agents.shac",
