@@ -277,9 +277,15 @@ def test_branch_batches_and_gathered_rows() -> None:
         env.step(a)
         assert est.open_bundles.tolist() == [0, 1, 2]
         idx = torch.tensor([0, 2])
+        sd = est.state_dict()
         env.transition(env.state[idx], _actions(env, 1).detach()[idx])
         assert est.last_stats.envs_triggered == 0 and est.last_stats.branches_simulated == 2 * 3
         assert est.open_bundles.tolist() == [1]  # 0 and 2 closed after their H = 2 steps; 1 is still open
+        # that call was a lookahead: restoring the estimator's state undoes it, the env's own step continues all three
+        est.load_state_dict(sd)
+        env.step(_actions(env, 1).detach())
+        assert est.last_stats.envs_triggered == 0 and est.last_stats.branches_simulated == 3 * N
+        assert est.open_bundles.numel() == 0
         # a branch call of a stateless estimator leaves the environments' memory alone
         one.attach(env)
         before = one.state_dict()["memory"]
