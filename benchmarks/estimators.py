@@ -49,6 +49,11 @@ class Options:
     """Estimator specs ``name[:key=value,...]``; the first is the reference of the ratios."""
     theta_std: float = 0.0
     """Standard deviation of the residual's initial parameters (0: the reference-target policy)."""
+    shared_start: bool = False
+    """Diagnostic: all environments of a seed start from one state plus N(0, start_jitter^2) hinge offsets, so that V
+    measures the gradient's sensitivity to tiny state changes rather than its spread over clip phases."""
+    start_jitter: float = 1e-3
+    """Hinge-angle jitter of ``--shared-start`` [rad]."""
     zo_rounds: int = 8
     """Antithetic zeroth-order pairs per environment and seed (0: no reference direction)."""
     zo_sigma: float = 0.02
@@ -66,6 +71,9 @@ class Options:
     states, for several dampings (``--dampings``)."""
     dampings: tuple[float, ...] = (1e-4, 1e-3, 4e-3, 1e-2)
     """Dampings lambda [m^2] of the ``--perturb-scale`` table."""
+    inputs: tuple[Path, ...] = ()
+    """Measure nothing: read the results of earlier runs' JSON files (e.g. one per window length), print their
+    tables and the goal, and plot them together."""
     out: Path = Path("out/estimators.json")
     """JSON of the results."""
     plot: Path | None = Path("docs/img/estimator_variance.png")
@@ -118,27 +126,31 @@ def plot(results: list[dict], path: Path, reference: str) -> None:
     import matplotlib.pyplot as plt
 
     groups = sorted({(r["clip"], r["kappa"]) for r in results}, key=lambda x: (x[0], -x[1]))
-    fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 3.6), sharey=True, squeeze=False)
-    labels = [k for k in results[0]["summary"] if k != reference]
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.6 * len(groups), 3.8), sharey=True, squeeze=False)
+    labels = list(dict.fromkeys(k for r in results for k in r["summary"] if k != reference))
     width = 0.8 / max(len(labels), 1)
     for ax, (clip, kappa) in zip(axes[0], groups, strict=True):
         rows = sorted((r for r in results if r["clip"] == clip and r["kappa"] == kappa), key=lambda r: r["window"])
         xs = range(len(rows))
         for i, label in enumerate(labels):
-            y = [r["summary"][label]["ratio"] for r in rows]
-            lo = [y_ - r["summary"][label]["ratio_ci"][0] for y_, r in zip(y, rows, strict=True)]
-            hi = [r["summary"][label]["ratio_ci"][1] - y_ for y_, r in zip(y, rows, strict=True)]
-            ax.bar([x + (i - (len(labels) - 1) / 2) * width for x in xs], y, width, yerr=[lo, hi], capsize=3,
-                   label=label)
+            have = [(x, r["summary"][label]) for x, r in zip(xs, rows, strict=True) if label in r["summary"]]
+            if not have:
+                continue
+            y = [s["ratio"] for _, s in have]
+            lo = [s["ratio"] - s["ratio_ci"][0] for _, s in have]
+            hi = [s["ratio_ci"][1] - s["ratio"] for _, s in have]
+            ax.bar([x + (i - (len(labels) - 1) / 2) * width for x, _ in have], y, width, yerr=[lo, hi], capsize=3,
+                   label=label if (clip, kappa) == groups[0] else None, color=f"C{i}")
         ax.axhline(1.0, color="k", lw=0.8)
         ax.axhline(1 / 3, color="tab:red", lw=0.8, ls="--", label="goal (1/3)")
         ax.set_xticks(list(xs), [f"T={r['window']}" for r in rows])
         ax.set_title(f"{clip}, kappa {kappa:g}")
-        ax.set_yscale("log")
+        ax.set_ylim(0, max(1.25, max((r["summary"][k]["ratio_ci"][1] for r in rows for k in labels
+                                      if k in r["summary"]), default=1.0) * 1.05))
     axes[0][0].set_ylabel(f"V / V_{reference} (90 % bootstrap interval)")
-    axes[0][-1].legend(fontsize=7, loc="best")
-    fig.suptitle("Summed per-environment policy-gradient variance, ratio to " + reference, fontsize=10)
-    fig.tight_layout()
+    fig.suptitle(f"summed per-env policy-gradient variance / {reference}'s", fontsize=9)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.legend(fontsize=8, loc="lower center", ncol=len(labels) + 1, frameon=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     print(f"wrote {path}")
@@ -176,6 +188,13 @@ def main(o: Options) -> None:
         o.out.write_text(json.dumps({"options": repr(o), "perturb_scale": res}, indent=1))
         print(f"wrote {o.out}")
         return
+    if o.inputs:
+        results = [r for path in o.inputs for r in json.loads(Path(path).read_text())["results"]]
+        results.sort(key=lambda r: (r["clip"], -r["kappa"], r["window"]))
+        for r in results:
+            print_table(f"{r['clip']} kappa={r['kappa']:g} T={r['window']}", r["summary"])
+        report(results, o)
+        return
     if o.quick:
         o = _quick(o)
     for spec in o.estimators:
@@ -192,7 +211,8 @@ def main(o: Options) -> None:
                                     zo_rounds=0, bootstrap=10, device=o.device), o.estimators, env=env)
             for window in o.windows:
                 study = VarianceStudy(clip=clip, kappa=kappa, num_envs=o.num_envs, window=window, seeds=o.seeds,
-                                      theta_std=o.theta_std, bootstrap=o.bootstrap, zo_sigma=o.zo_sigma,
+                                      theta_std=o.theta_std, shared_start=o.shared_start,
+                                      start_jitter=o.start_jitter, bootstrap=o.bootstrap, zo_sigma=o.zo_sigma,
                                       zo_rounds=o.zo_rounds, device=o.device)
 
                 def progress(msg: str, _c=clip, _k=kappa, _w=window) -> None:
@@ -210,13 +230,18 @@ def main(o: Options) -> None:
                                              "seconds": time.time() - t_start}, indent=1))
     bar.close()
     print(f"\nwrote {o.out} ({time.time() - t_start:.0f} s)")
+    report(results, o)
+
+
+def report(results: list[dict], o: Options) -> None:
+    """The goal lines and the plot of ``results``."""
     lines = goal(results)
     if lines:
         print("goal (bcg: V at least 3x lower, time at most 2.5x bptt, kappa 300):")
         for line in lines:
             print("  " + line)
     if o.plot is not None:
-        plot(results, o.plot, o.estimators[0])
+        plot(results, o.plot, next(iter(results[0]["summary"])))
 
 
 if __name__ == "__main__":

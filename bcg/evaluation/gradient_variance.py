@@ -39,8 +39,8 @@ from typing import Any
 import torch
 
 __all__ = ["EstimatorRun", "PeakMemory", "TrackingPolicy", "VarianceStudy", "WindowSet", "bootstrap_summed_variance",
-           "estimator_gradients", "make_estimator", "make_study_env", "observation_normaliser", "parse_spec",
-           "run_study", "start_states", "study_dict", "summarize", "summed_variance",
+           "estimator_gradients", "jittered_copies", "make_estimator", "make_study_env", "observation_normaliser",
+           "parse_spec", "run_study", "start_states", "study_dict", "summarize", "summed_variance",
            "zeroth_order_reference"]
 
 
@@ -66,6 +66,12 @@ class VarianceStudy:
     """Bootstrap resamples of the environments (intervals of V and of the variance ratios)."""
     confidence: float = 0.9
     """Coverage of the bootstrap percentile intervals."""
+    shared_start: bool = False
+    """Diagnostic: every environment of a seed starts from the seed's first start state plus independent
+    N(0, start_jitter^2) offsets of the hinge angles, so that V measures how much the gradient changes under tiny
+    state changes (the contact sensitivity smoothing is meant to tame) instead of across different clip phases."""
+    start_jitter: float = 1e-3
+    """Standard deviation of the hinge-angle offsets of ``shared_start`` [rad]."""
     zo_sigma: float = 0.02
     """Zeroth-order reference: standard deviation of the Gaussian perturbation of the bias row (action units)."""
     zo_rounds: int = 8
@@ -115,6 +121,19 @@ def start_states(env: Any, seed: int, count: int, window: int) -> Any:
         raise ValueError(f"only {ok.numel()} of {env.num_envs} reset rows leave {window} steps before the clip's end; "
                          f"need {count}: make the env with more rows")
     return s[ok[:count]]
+
+
+def jittered_copies(state: Any, count: int, jitter: float, seed: int) -> Any:
+    """``count`` copies of the one-row ``state`` with distinct env ids 0..count-1 and independent N(0, jitter^2)
+    offsets on the hinge angles (row 0 unchanged); velocities, frame and everything else are shared."""
+    if state.num_envs != 1:
+        raise ValueError(f"jittered_copies expects a one-row state, got {state.num_envs} rows")
+    rows = state.repeat_interleave(count)
+    g = torch.Generator(device=rows.q.device).manual_seed(int(seed) + 104729)
+    off = jitter * torch.randn(count, rows.q.shape[1] - 7, generator=g, device=rows.q.device)
+    off[0] = 0.0
+    q = torch.cat([rows.q[:, :7], rows.q[:, 7:] + off], 1)
+    return dataclasses.replace(rows, q=q, env_id=torch.arange(count, device=rows.q.device))
 
 
 def observation_normaliser(env: Any, count: int = 256, seed: int = 1_000_003, floor: float = 0.1
@@ -464,7 +483,10 @@ def run_study(study: VarianceStudy, estimators: Sequence[str] = ("bptt", "grs", 
     runs: dict[str, dict[int, EstimatorRun]] = {spec: {} for spec in estimators}
     zo: dict[int, torch.Tensor] | None = {} if study.zo_rounds else None
     for seed in study.seeds:
-        start = start_states(env, seed, study.num_envs, study.window)
+        if study.shared_start:
+            start = jittered_copies(start_states(env, seed, 1, study.window), study.num_envs, study.start_jitter, seed)
+        else:
+            start = start_states(env, seed, study.num_envs, study.window)
         for spec, est in built.items():
             if progress is not None:
                 progress(f"{spec} seed {seed}")

@@ -1,0 +1,155 @@
+"""The gradient-variance study (issue 9, METHOD.md 3.10): the machinery (per-environment gradients from the batched
+parameters, the statistics, the zeroth-order reference) and the measured claim on a stiff-contact window."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from bcg.evaluation.gradient_variance import (
+    EstimatorRun,
+    TrackingPolicy,
+    VarianceStudy,
+    bootstrap_summed_variance,
+    estimator_gradients,
+    jittered_copies,
+    make_estimator,
+    make_study_env,
+    observation_normaliser,
+    parse_spec,
+    run_study,
+    start_states,
+    summarize,
+    summed_variance,
+    zeroth_order_reference,
+)
+
+
+@pytest.fixture(scope="module")
+def jump():
+    """The jump clip at kappa 300 with 16 rows, its normaliser and the tracking policy."""
+    env = make_study_env("jump", 300.0, 16)
+    mean, std = observation_normaliser(env, count=32)
+    return env, TrackingPolicy(env, mean, std)
+
+
+def test_per_env_gradients_equal_the_gradients_computed_env_by_env(jump) -> None:
+    """One backward of sum_e R_e with one parameter copy per row gives each row's own dR_e/dtheta_e: the gradient of
+    R_e alone is zero on the other rows' copies and equals row e of the batched gradient, and rolling a row out alone
+    gives the same gradient up to float32 rounding on a 2-step window (measured: row 0 bit-identical, the others
+    within 1e-4 of the largest entry; by 6 steps rounding differences of 1e-7 in the state have grown into a 12 %
+    gradient difference on one row, which is how sensitive these gradients are)."""
+    env, policy = jump
+    start = start_states(env, 0, 3, 6)
+    theta0 = policy.initial_theta(3, std=0.01, seed=1)
+    batched = estimator_gradients(env, make_estimator("bptt"), policy, theta0, start, 2, seed=0)
+    assert batched.grads.shape == (3, (policy.obs_dim + 1) * 29)
+    for e in range(3):
+        alone = estimator_gradients(env, make_estimator("bptt"), policy, theta0[e:e + 1], start[e:e + 1], 2, seed=0)
+        scale = float(alone.grads.abs().max())
+        torch.testing.assert_close(alone.grads[0], batched.grads[e], rtol=0, atol=1e-3 * scale)
+        torch.testing.assert_close(alone.returns[0], batched.returns[e])
+    assert torch.equal(estimator_gradients(env, make_estimator("bptt"), policy, theta0[:1], start[:1], 2, 0).grads[0],
+                       batched.grads[0])
+    # the gradient of one row's return reaches its own copy of theta only (two rollouts: the Warp tape supports one
+    # backward per step)
+    from bcg.evaluation.gradient_variance import _rollout_return
+
+    full = estimator_gradients(env, make_estimator("bptt"), policy, theta0, start, 6, seed=0).grads
+    theta = theta0.clone().requires_grad_(True)
+    ret, _ = _rollout_return(env, policy, theta, start, 6)
+    one = torch.autograd.grad(ret[1], theta)[0].reshape(3, -1).double()
+    assert one[0].abs().max() == 0 and one[2].abs().max() == 0
+    torch.testing.assert_close(one[1], full[1], rtol=1e-6, atol=1e-6 * float(full[1].abs().max()))
+
+
+def test_identical_environments_have_zero_variance_and_estimator_noise_shows(jump) -> None:
+    """Copies of one start state without jitter: bptt gives identical gradients (V = 0 exactly); grs draws its own
+    perturbations per copy, so its V is positive (the statistic sees estimator noise; measured V / |mean g|^2 =
+    0.14 with B = 2 over 4 steps)."""
+    env, policy = jump
+    start = jittered_copies(start_states(env, 3, 1, 4), 4, 0.0, seed=3)
+    theta0 = policy.initial_theta(4)
+    plain = estimator_gradients(env, make_estimator("bptt"), policy, theta0, start, 4, seed=0)
+    assert summed_variance(plain.grads) == 0.0
+    noisy = estimator_gradients(env, make_estimator("grs:branches=2"), policy, theta0, start, 4, seed=0)
+    assert summed_variance(noisy.grads) > 0.02 * float((noisy.grads.mean(0) ** 2).sum())
+    assert noisy.stats["envs_triggered"] == 16 and noisy.stats["branches_simulated"] == 32
+
+
+def test_statistics() -> None:
+    g = torch.randn(10, 7, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    assert summed_variance(g) == pytest.approx(float(g.var(0).sum()), rel=1e-12)
+    uniform = torch.full((1, 10), 0.1, dtype=torch.float64)  # the "resample" that keeps every row once
+    assert float(bootstrap_summed_variance(g, uniform)[0]) == pytest.approx(summed_variance(g), rel=1e-12)
+    run = lambda x: EstimatorRun(x, torch.zeros(10), torch.ones(10, dtype=torch.bool), 1.0, 1,  # noqa: E731
+                                 {"envs": 10, "envs_triggered": 0, "branches_simulated": 10, "nonfinite_dropped": 0})
+    s = summarize({"a": {0: run(g), 1: run(2 * g)}, "b": {0: run(0.5 * g), 1: run(g)}}, "a", bootstrap=200)
+    assert s["a"]["ratio"] == 1.0 and s["a"]["ratio_ci"] == [1.0, 1.0]
+    assert s["b"]["ratio"] == pytest.approx(0.25) and s["b"]["ratio_ci"] == pytest.approx([0.25, 0.25])
+    assert s["b"]["consistency"] == pytest.approx(1.0)  # 2 g and g point the same way
+    assert s["a"]["V_ci"][0] < s["a"]["V"] * 1.3 and s["a"]["V_ci"][1] > s["a"]["V"] * 0.5
+    assert parse_spec("bcg:tau=200.0,aggregation=per_foot,antithetic=True") == (
+        "bcg", {"tau": 200.0, "aggregation": "per_foot", "antithetic": True})
+    with pytest.raises(ValueError, match="unknown clip"):
+        make_study_env("walk", 300.0, 2)
+    with pytest.raises(ValueError, match="num_envs"):
+        VarianceStudy(num_envs=1)
+
+
+def test_zeroth_order_reference_points_along_the_autograd_gradient(jump) -> None:
+    """On a short smooth window (copies of one state, T = 3) the antithetic zeroth-order estimate of the bias-row
+    gradient agrees in direction with autograd's (measured cosine 0.90 with 16 x 8 samples, sigma 0.005;
+    a random direction in 29 dimensions gives |cos| ~ 0.19)."""
+    env, policy = jump
+    start = jittered_copies(start_states(env, 5, 1, 3), 16, 0.0, seed=5)
+    theta0 = policy.initial_theta(16)
+    g = estimator_gradients(env, make_estimator("bptt"), policy, theta0, start, 3, seed=0).grads[0]
+    bias = g[policy.bias_row * 29:(policy.bias_row + 1) * 29]
+    zo = zeroth_order_reference(env, policy, theta0, start, 3, sigma=0.005, rounds=8, seed=0).mean((0, 1))
+    cos = float(zo @ bias / (zo.norm() * bias.norm()))
+    assert cos > 0.8, cos
+
+
+# measured (jump, kappa 300, 16 environments x 2 seeds, T = 16, reference-target policy; 6 s of CPU): V_bcg / V_bptt
+# = 1.018 [0.997, 1.041] (90 % bootstrap), trigger rate 1.8 % of environment-steps. With 32 environments: 1.001
+# [0.996, 1.006]; bcg with trigger="always" 1.029 [1.008, 1.053], grs 1.015 [0.999, 1.033] (docs/estimators.md,
+# "Variance", where the 64-environment, 32-step benchmark is reported).
+CLAIM = dict(clip="jump", kappa=300.0, num_envs=16, window=16, seeds=(0, 1), zo_rounds=0, bootstrap=500)
+REASON = ("measured: on today's simulator bcg leaves the summed per-environment policy-gradient variance at bptt's "
+          "(ratio 1.018 [0.997, 1.041] here, 1.00 in the 64-env 32-step benchmark; trigger rate 1-2 %); the variance "
+          "across environments comes from their different clip phases, not from contact noise (docs/estimators.md, "
+          "Variance)")
+
+
+@pytest.fixture(scope="module")
+def claim_window():
+    return run_study(VarianceStudy(**CLAIM), ("bptt", "bcg"))
+
+
+@pytest.mark.xfail(strict=True, reason=REASON)
+def test_bcg_lowers_the_policy_gradient_variance_on_a_stiff_contact_window(claim_window) -> None:
+    """The issue's claim: V(bcg) < V(bptt), with the whole 90 % bootstrap interval of the ratio below 0.9."""
+    assert claim_window.summary["bcg"]["ratio_ci"][1] < 0.9
+
+
+def test_measured_variance_ratio_on_the_stiff_contact_window(claim_window) -> None:
+    """What is measured instead (the suite notices a change either way): the ratio stays within 10 % of 1 (measured
+    1.018), bcg does branch (a trigger rate of 0.5-10 %, measured 1.8 %) and its mean gradient points where bptt's
+    does (measured cosine 0.9996 per seed)."""
+    s = claim_window.summary
+    assert 0.9 < s["bcg"]["ratio"] < 1.1, s["bcg"]["ratio"]
+    assert 0.005 < s["bcg"]["trigger_rate"] < 0.1, s["bcg"]["trigger_rate"]
+    b = claim_window.runs
+    cos = [float(torch.nn.functional.cosine_similarity(b["bcg"][k].grads.mean(0), b["bptt"][k].grads.mean(0), 0))
+           for k in CLAIM["seeds"]]
+    assert min(cos) > 0.99, cos
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=REASON)
+def test_bcg_lowers_the_variance_at_the_benchmark_size() -> None:
+    """The claim at the benchmark's size (64 environments, T = 32, 3 seeds; minutes of CPU)."""
+    ws = run_study(VarianceStudy(clip="jump", kappa=300.0, num_envs=64, window=32, seeds=(0, 1, 2), zo_rounds=0,
+                                 bootstrap=500), ("bptt", "bcg"))
+    assert ws.summary["bcg"]["ratio_ci"][1] < 0.9
