@@ -4,8 +4,8 @@ and PPO on the jump clip with the cpu-small preset, several seeds each, in one r
 Every (method, seed) is one ``bcg train`` run (a subprocess, so that the runs do not share torch state) with the same
 wall-clock budget; the script then reads the runs' ``metrics.csv`` and prints
 
-* per method: iterations, samples and wall time reached, the final tracking error (mean of the last iterations'
-  rollout errors, then over seeds);
+* per method: iterations, samples and wall time reached, the start and final tracking error (mean of the first /
+  last iterations' rollout errors, then over seeds) and the same for the per-step reward;
 * the environment samples each method needs to reach the tracking error PPO ends with (first iteration at which the
   moving average of the run's tracking error is at or below that value; per seed);
 
@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(f"jump, cpu-small, {args.budget_s:g} s per run, seeds {args.seeds}; tracking error = mean of the last {k} "
           "iterations' rollout errors")
-    print(f"{'method':12s} {'iters':>6s} {'samples':>9s} {'wall s':>7s} {'start cm':>9s} {'final cm':>9s}  "
-          f"samples to reach PPO's final {target:.2f} cm (per seed)")
+    print(f"{'method':12s} {'iters':>6s} {'samples':>9s} {'wall s':>7s} {'start cm':>9s} {'final cm':>9s} "
+          f"{'reward':>13s}  samples to reach PPO's final {target:.2f} cm (per seed)")
     for label, runs in results.items():
         if not runs:
             continue
@@ -178,9 +178,16 @@ def main(argv: list[str] | None = None) -> int:
         wall = sum(m["wall_time_s"][-1] for m in runs) / len(runs)
         start = sum(sum(m["tracking_error_cm"][:k]) / len(m["tracking_error_cm"][:k]) for m in runs) / len(runs)
         fin = sum(final_error(m, k) for m in runs) / len(runs)
+        r0 = sum(sum(m["reward"][:k]) / len(m["reward"][:k]) for m in runs) / len(runs)
+        r1 = sum(sum(m["reward"][-k:]) / len(m["reward"][-k:]) for m in runs) / len(runs)
         reach = [samples_to_reach(m, target, k) for m in runs]
         reach_s = ", ".join("never" if math.isnan(r) else f"{r:.3g}" for r in reach)
-        print(f"{label:12s} {it:6.0f} {sm:9.3g} {wall:7.0f} {start:9.2f} {fin:9.2f}  {reach_s}")
+        print(f"{label:12s} {it:6.0f} {sm:9.3g} {wall:7.0f} {start:9.2f} {fin:9.2f} {r0:6.3f}->{r1:5.3f}  {reach_s}")
+    if ppo:
+        ppo_start = sum(sum(m["tracking_error_cm"][:k]) / len(m["tracking_error_cm"][:k]) for m in ppo) / len(ppo)
+        if target >= ppo_start:
+            print(f"  note: PPO ended at {target:.2f} cm, no better than it started ({ppo_start:.2f} cm), so the "
+                  "samples-to-reach column says nothing about sample efficiency in this budget")
     for name, why in FAILURES.items():
         print(f"  {name} stopped early with an error: {why}")
     plot(results, args.plot, k, target)
