@@ -242,13 +242,13 @@ def test_help_lists_the_fields(capsys):
 # -------------------------------------------------------------------------------------------- the real SHAC
 
 TINY = ["--shac.num-envs", "2", "--shac.horizon", "4", "--shac.critic-minibatches", "2", "--shac.actor-hidden", "16",
-        "--shac.critic-hidden", "16", "--shac.critic-iterations", "2", "--estimator", "bcg", "--estimator.tau", "50",
-        "--estimator.branches", "3", "--no-progress", "--checkpoint-every", "0"]
+        "--shac.critic-hidden", "16", "--shac.critic-iterations", "2", "--estimator", "bcg", "--estimator.branches",
+        "3", "--estimator.horizon", "3", "--estimator.trigger", "always", "--no-progress", "--checkpoint-every", "0"]
 
 
 def test_shac_resume_equals_uninterrupted_and_export(tmp_path, capsys):
-    """2 + 2 iterations of SHAC+BCG (bundles open across windows at tau = 50 N) equal 4 uninterrupted, row for row;
-    `bcg export` of the run gives the agent's own deterministic policy."""
+    """2 + 2 iterations of SHAC+BCG equal 4 uninterrupted, row for row, with bundles open across the checkpoint
+    (trigger always, H = 3 over windows of 4 steps); `bcg export` of the run gives the agent's own policy."""
     from bcg.agents.export import load_policy
     from bcg.agents.train import build_agent, config_from_dict, parse_train_args, train
     from bcg.cli import main
@@ -257,6 +257,8 @@ def test_shac_resume_equals_uninterrupted_and_export(tmp_path, capsys):
     part = train(parse_train_args([*TINY, "--iterations", "2", "--out", str(tmp_path), "--name", "part"]))
     assert full.status == part.status == 0
     assert (part.run_dir / "policy.pt").is_file() and len(_rows(part.run_dir)) == 2
+    mid = load_checkpoint(part.run_dir / "checkpoints" / "iter_000002.pt").agent_state["estimator"]["memory"]
+    assert mid["open_ids"].numel() > 0  # the resume starts inside open bundles (their offsets travel too)
     assert main(["train", "--resume", str(part.run_dir), "--iterations", "4", "--no-progress"]) == 0
     rows_full, rows_part = _rows(full.run_dir), _rows(part.run_dir)
     assert len(rows_full) == 4 and rows_part == rows_full
