@@ -17,7 +17,9 @@ from typing import Any, Literal
 
 import tyro
 
+from bcg.evaluation.compare import Compare
 from bcg.evaluation.evaluate_cli import Evaluate
+from bcg.evaluation.studies import STUDY_COMMANDS
 
 __all__ = ["COMMANDS", "main", "MOTION_COMMANDS"]
 
@@ -304,6 +306,8 @@ COMMANDS: dict[str, type | dict[str, type]] = {
     "train": Train,
     "export": Export,
     "evaluate": Evaluate,
+    "compare": Compare,
+    "study": STUDY_COMMANDS,
 }
 """Top-level commands: a dataclass (a command) or a dict of them (a group)."""
 

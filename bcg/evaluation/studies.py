@@ -1,0 +1,339 @@
+"""``bcg study variance`` (paper Q2) and ``bcg study stiffness`` (paper Q1), METHOD.md 3.10 and 2.1.
+
+* :class:`StudyVariance`: the summed per-environment policy-gradient variance V of any set of registered
+  estimators (plugins included) on the tracking-policy windows of :mod:`bcg.evaluation.gradient_variance`, for
+  every (clip, kappa, window) of the grid, with bootstrap intervals. Writes ``variance.json``, ``study_variance.png``
+  (V against the window length per clip and kappa, log scale, the bootstrap interval as a band) and
+  ``variance.md``.
+* :class:`StudyStiffness`: one method trained at several contact stiffnesses (default kappa = 50, 100, 300) and
+  seeds through the jobs of :mod:`bcg.evaluation.compare`, each policy replayed in MuJoCo: falls and Δd per kappa.
+  Writes ``results.json``, ``study_stiffness.png`` (bars: fall rate, Δd, E_track per kappa) and ``stiffness.md``
+  with the paper's table beside ours.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PAPER_STIFFNESS", "STUDY_COMMANDS", "StudyStiffness", "StudyVariance", "check_estimator_specs",
+           "stiffness_rows", "variance_plot"]
+
+PAPER_STIFFNESS: dict[float, dict[str, tuple[str, float]]] = {
+    50.0: {"run": ("5/5", 10.6), "jump": ("5/5", 12.6), "fight": ("5/5", 13.3), "dance": ("5/5", 13.5)},
+    100.0: {"run": ("5/5", 8.1), "jump": ("4/5", 10.8), "fight": ("3/5", 9.1), "dance": ("4/5", 9.5)},
+    300.0: {"run": ("0/5", 3.1), "jump": ("0/5", 3.3), "fight": ("0/5", 3.4), "dance": ("0/5", 2.9)},
+}
+"""METHOD.md 2.1: SHAC+BCG policies replayed in MuJoCo, 5 runs per kappa: (runs that fell, Δd [mm])."""
+
+
+def check_estimator_specs(specs: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` unless every spec (``name[:key=value,...]``) names a registered estimator (the message
+    lists them) that accepts its parameters."""
+    from bcg.estimators import ESTIMATORS
+    from bcg.evaluation.gradient_variance import make_estimator, parse_spec
+
+    if not specs:
+        raise ValueError(f"estimators: at least one is needed; registered: {', '.join(ESTIMATORS)}")
+    for s in specs:
+        name, _ = parse_spec(s)
+        if name not in ESTIMATORS:
+            raise ValueError(f"unknown estimator {name!r} (in {s!r}); registered: {', '.join(ESTIMATORS)}")
+        try:
+            make_estimator(s)
+        except TypeError as exc:
+            raise ValueError(f"estimator spec {s!r}: {exc}") from None
+
+
+# -------------------------------------------------------------------------------------------- variance (Q2)
+
+
+@dataclass(frozen=True)
+class StudyVariance:
+    """Policy-gradient variance (paper Q2): summed per-environment variance V of each estimator, with bootstrap
+    intervals, for every clip, contact stiffness and window length; JSON, PNG and Markdown."""
+
+    estimators: tuple[str, ...] = ("bptt", "bcg")
+    """Estimator specs, name[:key=value,...] (any registered, plugins included); the first is the reference of the
+    ratios."""
+    clips: tuple[str, ...] = ("jump",)
+    """Clips: run, jump, fight, dance."""
+    kappas: tuple[float, ...] = (300.0,)
+    """Contact stiffnesses [1/m]."""
+    windows: tuple[int, ...] = (8, 16, 32)
+    """Window lengths T [control steps]."""
+    seeds: tuple[int, ...] = (0, 1)
+    """Seeds (paired start states and draws across estimators)."""
+    num_envs: int = 32
+    """E, environments per seed (the paper: 128)."""
+    bootstrap: int = 1000
+    """Bootstrap resamples of the environments (the paper: 4000)."""
+    confidence: float = 0.6827
+    """Coverage of the bootstrap interval (0.6827: the +-1 std band of the paper for a normal spread)."""
+    theta_std: float = 0.0
+    """Standard deviation of the linear residual's parameters (0: the reference-target policy)."""
+    zo_rounds: int = 0
+    """Antithetic zeroth-order pairs for the direction check (0: none; costs 2 rollouts per pair)."""
+    out: Path = Path("runs/study_variance")
+    """Output folder."""
+    device: str = "cpu"
+    """Torch / Warp device."""
+
+    def run(self) -> int:
+        from bcg.evaluation.gradient_variance import VarianceStudy, run_study, study_dict
+
+        try:
+            check_estimator_specs(tuple(self.estimators))
+            studies = [VarianceStudy(clip=c, kappa=float(k), num_envs=self.num_envs, window=int(w),
+                                     seeds=tuple(self.seeds), theta_std=self.theta_std, bootstrap=self.bootstrap,
+                                     confidence=self.confidence, zo_rounds=self.zo_rounds, device=self.device)
+                       for c in self.clips for k in self.kappas for w in self.windows]
+            if not studies:
+                raise ValueError("clips, kappas and windows need one value each at least")
+        except ValueError as exc:
+            print(f"bcg study variance: error: {exc}", file=sys.stderr)
+            return 2
+        entries = []
+        for st in studies:
+            t0 = time.perf_counter()
+            ws = run_study(st, tuple(self.estimators))
+            entries.append({"study": study_dict(st), "summary": _json_safe(ws.summary),
+                            "seconds": time.perf_counter() - t0})
+            v = ", ".join(f"{e}: V {ws.summary[e]['V']:.3g}" for e in self.estimators)
+            print(f"  {st.clip} kappa {st.kappa:g} T {st.window}: {v} ({entries[-1]['seconds']:.0f} s)", flush=True)
+        self.out.mkdir(parents=True, exist_ok=True)
+        data = {"estimators": list(self.estimators), "entries": entries}
+        (self.out / "variance.json").write_text(json.dumps(data, indent=1) + "\n")
+        png = variance_plot(data, self.out / "study_variance.png")
+        md = self.out / "variance.md"
+        md.write_text(variance_markdown(data))
+        print(f"wrote {self.out / 'variance.json'}, {md}, {png}")
+        return 0
+
+
+def _json_safe(x: Any) -> Any:
+    if isinstance(x, dict):
+        return {k: _json_safe(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_json_safe(v) for v in x]
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def variance_plot(data: dict[str, Any], path: Path) -> Path:
+    """``study_variance.png``: V against the window length T, one panel per (clip, kappa), one line per estimator,
+    the bootstrap interval as a band; log y."""
+    plt = _plt()
+    panels = list(dict.fromkeys((e["study"]["clip"], e["study"]["kappa"]) for e in data["entries"]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.4), squeeze=False)
+    for ax, (clip, kappa) in zip(axes[0], panels):
+        es = sorted((e for e in data["entries"] if (e["study"]["clip"], e["study"]["kappa"]) == (clip, kappa)),
+                    key=lambda e: e["study"]["window"])
+        t = [e["study"]["window"] for e in es]
+        for i, name in enumerate(data["estimators"]):
+            v = [e["summary"][name]["V"] for e in es]
+            lo = [e["summary"][name]["V_ci"][0] for e in es]
+            hi = [e["summary"][name]["V_ci"][1] for e in es]
+            ax.plot(t, v, "o-", color=f"C{i}", ms=3, lw=1.2, label=name)
+            ax.fill_between(t, lo, hi, color=f"C{i}", alpha=0.2, lw=0)
+            if len(t) == 1:
+                ax.errorbar(t, v, yerr=[[v[0] - lo[0]], [hi[0] - v[0]]], color=f"C{i}", capsize=3)
+        ax.set_yscale("log")
+        ax.set_xlabel("window T [control steps]", fontsize=8)
+        ax.set_ylabel("summed gradient variance V", fontsize=8)
+        ax.set_title(f"{clip}, kappa {kappa:g}", fontsize=9)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def variance_markdown(data: dict[str, Any]) -> str:
+    """Markdown of the study: one table row per (clip, kappa, T, estimator)."""
+    e0 = data["entries"][0]["study"]
+    ref = data["estimators"][0]
+    lines = ["# Policy-gradient variance (paper Q2)", "",
+             f"Summed across-environment variance V of the per-environment policy gradients (METHOD.md 3.10); "
+             f"{e0['num_envs']} environments x seeds {e0['seeds']}; interval: bootstrap ({e0['bootstrap']} "
+             f"resamples, {e0['confidence']:.0%} coverage); ratio: V / V_{ref} (paired bootstrap).", "",
+             "![variance](study_variance.png)", "",
+             "| clip | kappa | T | estimator | V | V interval | ratio | ratio interval | trigger rate | fell | s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+
+    def g(x: Any) -> str:
+        return "–" if x is None else f"{x:.3g}"
+
+    for e in data["entries"]:
+        st = e["study"]
+        for name in data["estimators"]:
+            s = e["summary"][name]
+            lines.append(f"| {st['clip']} | {st['kappa']:g} | {st['window']} | {name} | {g(s['V'])} | "
+                         f"[{g(s['V_ci'][0])}, {g(s['V_ci'][1])}] | {g(s['ratio'])} | [{g(s['ratio_ci'][0])}, "
+                         f"{g(s['ratio_ci'][1])}] | {g(s['trigger_rate'])} | {g(s['fell'])} | {g(s['seconds'])} |")
+    lines += ["", "The paper (METHOD.md 3.10) shows V over training for SHAC (bptt) and SHAC+BCG on the jump clip with "
+              "128 environments and a +-1 std band over 4000 bootstrap resamples; this study measures V at a fixed "
+              "tracking policy (gradient_variance.TrackingPolicy), not along a training run.", ""]
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------------- stiffness (Q1)
+
+
+@dataclass(frozen=True)
+class StudyStiffness:
+    """Stiffness ablation (paper Q1): train one method at each contact stiffness kappa and seed, replay every policy
+    in MuJoCo; falls and Δd per kappa (bar plots, Markdown, the paper's table beside ours)."""
+
+    method: str = "shac:bcg"
+    """The method trained (ppo or shac:ESTIMATOR[:key=value,...])."""
+    kappas: tuple[float, ...] = (50.0, 100.0, 300.0)
+    """Contact stiffnesses of training [1/m]."""
+    motion: str = "jump"
+    """Clip."""
+    seeds: tuple[int, ...] = (0,)
+    """Training seeds (the paper: 5 runs per kappa)."""
+    iterations: int = 1000
+    """Iterations per run (a cap when --budget-s is given)."""
+    budget_s: float | None = 40.0
+    """Training wall-clock budget per run [s] (None: --iterations alone)."""
+    preset: str = "cpu-small"
+    """Agent preset."""
+    shac_num_envs: int | None = None
+    """SHAC environments (None: the preset's)."""
+    ppo_num_envs: int | None = None
+    """PPO environments (None: the preset's)."""
+    eval_phases: int = 2
+    """Transfer: start phases per seed."""
+    eval_seeds: tuple[int, ...] = (0,)
+    """Transfer: seeds of the initial joint noise."""
+    eval_seconds: float | None = 3.0
+    """Transfer: longest episode [s] (None: to the clip's end)."""
+    workers: int | None = None
+    """Parallel jobs (1: in this process; default: min(jobs, CPUs) spawned worker processes)."""
+    ray_address: str | None = None
+    """Run the jobs as Ray tasks (auto, HOST:PORT or local)."""
+    out: Path = Path("runs/study_stiffness")
+    """Output folder: runs/, results.json, stiffness.md, study_stiffness.png."""
+
+    def run(self) -> int:
+        from bcg.evaluation.compare import make_jobs, run_jobs
+
+        try:
+            if not self.kappas or any(not (k > 0 and math.isfinite(k)) for k in self.kappas):
+                raise ValueError(f"kappas must be one or more finite values > 0 [1/m], got {list(self.kappas)}")
+            shac = (("num_envs", self.shac_num_envs),) if self.shac_num_envs else ()
+            ppo = (("num_envs", self.ppo_num_envs),) if self.ppo_num_envs else ()
+            jobs = [j for k in self.kappas for j in make_jobs(
+                [self.method], [self.motion], self.seeds, self.out / "runs", iterations=self.iterations,
+                budget_s=self.budget_s, preset=self.preset, kappa=float(k), shac=shac, ppo=ppo,
+                eval_phases=self.eval_phases, eval_seeds=tuple(self.eval_seeds), eval_seconds=self.eval_seconds)]
+        except ValueError as exc:
+            print(f"bcg study stiffness: error: {exc}", file=sys.stderr)
+            return 2
+        workers = self.workers or max(1, min(len(jobs), os.cpu_count() or 1))
+        print(f"bcg study stiffness: {len(jobs)} jobs ({self.method} on {self.motion}, kappa "
+              f"{', '.join(f'{k:g}' for k in self.kappas)}, seeds {list(self.seeds)})", flush=True)
+        results = run_jobs(jobs, workers=workers, ray_address=self.ray_address,
+                           on_done=lambda r: print(f"  kappa {r['kappa']:g} s{r['seed']}: "
+                                                   f"{r['error'] or r['transfer']}", flush=True))
+        self.out.mkdir(parents=True, exist_ok=True)
+        cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
+        data = {"config": cfg, "results": results}
+        (self.out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+        rows = stiffness_rows(results)
+        png = stiffness_plot(rows, self.out / "study_stiffness.png")
+        md = self.out / "stiffness.md"
+        md.write_text(stiffness_markdown(rows, self.motion, self.method, cfg))
+        print(f"wrote {self.out / 'results.json'}, {md}, {png}")
+        return 1 if any(r.get("error") for r in results) else 0
+
+
+def stiffness_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per kappa of the finished jobs: runs with at least one fall / runs, episodes that fell / episodes,
+    Δd (mean, std over runs) [mm], E_track in MuJoCo (mean, std) [cm]."""
+    rows = []
+    for k in dict.fromkeys(r["kappa"] for r in results):
+        tr = [r["transfer"] for r in results if r["kappa"] == k and r.get("transfer")]
+        if not tr:
+            continue
+        d = np.array([t["delta_d_mm"] if t["delta_d_mm"] is not None else math.nan for t in tr])
+        e = np.array([t["e_track_cm"] if t["e_track_cm"] is not None else math.nan for t in tr])
+        rows.append({"kappa": k, "runs": len(tr), "runs_fell": sum(t["falls"] > 0 for t in tr),
+                     "falls": sum(t["falls"] for t in tr), "episodes": sum(t["episodes"] for t in tr),
+                     "delta_d_mm": float(np.nanmean(d)), "delta_d_std": float(np.nanstd(d)),
+                     "e_track_cm": float(np.nanmean(e)), "e_track_std": float(np.nanstd(e))})
+    return rows
+
+
+def stiffness_plot(rows: list[dict[str, Any]], path: Path) -> Path:
+    """``study_stiffness.png``: bars per kappa of the fall rate (episodes), Δd and E_track in MuJoCo."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, 3, figsize=(10, 3.0))
+    x = np.arange(len(rows))
+    names = [f"{r['kappa']:g}" for r in rows]
+    axes[0].bar(x, [r["falls"] / max(r["episodes"], 1) for r in rows], color="C3")
+    axes[0].set_ylim(0, 1.05)
+    axes[0].set_ylabel("fall rate in MuJoCo (episodes)", fontsize=8)
+    axes[1].bar(x, [r["delta_d_mm"] for r in rows], yerr=[r["delta_d_std"] for r in rows], color="C0", capsize=3)
+    axes[1].set_ylabel("Δd = pen. bcg - MuJoCo [mm]", fontsize=8)
+    axes[2].bar(x, [r["e_track_cm"] for r in rows], yerr=[r["e_track_std"] for r in rows], color="C2", capsize=3)
+    axes[2].set_ylabel("E_track in MuJoCo [cm]", fontsize=8)
+    for ax in axes:
+        ax.set_xticks(x, names)
+        ax.set_xlabel("kappa [1/m]", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def stiffness_markdown(rows: list[dict[str, Any]], motion: str, method: str, cfg: dict[str, Any]) -> str:
+    """Markdown of the ablation: our table and the paper's (METHOD.md 2.1) for the clip."""
+    clip = Path(motion).stem
+    budget = f"{cfg['budget_s']:g} s" if cfg.get("budget_s") else f"{cfg['iterations']} iterations"
+    lines = ["# Stiffness ablation (paper Q1)", "",
+             f"`{method}` on `{clip}`, preset `{cfg['preset']}`, {budget} per run, seeds {cfg['seeds']}; each policy "
+             f"replayed in MuJoCo ({cfg['eval_phases']} phases x seeds {cfg['eval_seeds']}, at most "
+             f"{cfg['eval_seconds'] or 'the clip'} s). Δd: mean foot penetration in our simulator (at the training "
+             "kappa) minus MuJoCo on the same replay.", "",
+             "![stiffness](study_stiffness.png)", "",
+             "| kappa [1/m] | runs with a fall | episodes that fell | Δd [mm] | E_track MuJoCo [cm] | paper: falls / Δd [mm] |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        p = PAPER_STIFFNESS.get(float(r["kappa"]), {}).get(clip)
+        paper = f"{p[0]} / {p[1]:.1f}" if p else "–"
+        lines.append(f"| {r['kappa']:g} | {r['runs_fell']}/{r['runs']} | {r['falls']}/{r['episodes']} | "
+                     f"{r['delta_d_mm']:+.2f} +- {r['delta_d_std']:.2f} | {r['e_track_cm']:.1f} +- "
+                     f"{r['e_track_std']:.1f} | {paper} |")
+    lines += ["", "The paper trains SHAC+BCG for 3000 iterations per kappa (5 runs); a CPU-sized run trains minutes, so "
+              "its falls measure barely trained policies and Δd mostly the contact model's penetration at each kappa.",
+              ""]
+    return "\n".join(lines)
+
+
+STUDY_COMMANDS: dict[str, type] = {"variance": StudyVariance, "stiffness": StudyStiffness}
+"""``bcg study ...`` subcommands."""
