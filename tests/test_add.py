@@ -182,6 +182,14 @@ def test_state_dict_round_trip_repeats_rewards_and_updates(env: G1TrackingVector
             assert torch.equal(x, y)
 
 
+def test_state_of_another_network_is_refused(env: G1TrackingVectorEnv) -> None:
+    state = ADDReward(env, _small(), seed=0).state_dict()
+    with pytest.raises(ValueError, match="hidden layers"):
+        ADDReward(env, ADDConfig(hidden=(16,)), seed=0).load_state_dict(state)
+    with pytest.raises(ValueError, match="missing"):
+        ADDReward(env, _small(), seed=0).load_state_dict({"disc": state["disc"]})
+
+
 def test_clamp_keeps_reward_finite_for_huge_residuals(env: G1TrackingVectorEnv) -> None:
     add = ADDReward(env, _small(), seed=0)
     g = torch.Generator().manual_seed(0)

@@ -367,6 +367,10 @@ class ADDReward:
                    "generator", "num_updates"} - set(state)
         if missing:
             raise ValueError(f"ADD state is missing {sorted(missing)}")
+        hidden = tuple(state.get("config", {}).get("hidden", self.config.hidden))
+        if hidden != tuple(self.config.hidden):
+            raise ValueError(f"ADD state has a discriminator with hidden layers {list(hidden)}, this reward "
+                             f"{list(self.config.hidden)}")
         data = state["replay_data"]
         if data.ndim != 2 or data.shape[1] != self.dim or data.shape[0] > self.replay.capacity:
             raise ValueError(f"ADD state: replay data has shape {list(data.shape)}, expected [<= "
