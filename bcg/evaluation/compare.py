@@ -372,8 +372,8 @@ class Compare:
             def on_done(r: dict[str, Any]) -> None:
                 done[0] += 1
                 tr = r.get("transfer") or {}
-                what = r["error"] or (f"E_track {tr.get('e_track_cm')} cm, falls {tr.get('falls')}/"
-                                      f"{tr.get('episodes')}, Δd {tr.get('delta_d_mm')} mm")
+                what = r["error"] or (f"E_track {_num(tr.get('e_track_cm'))} cm, falls {tr.get('falls')}/"
+                                      f"{tr.get('episodes')}, Δd {_num(tr.get('delta_d_mm'), '+.2f')} mm")
                 print(f"  [{done[0]}/{len(jobs)}] {r['label']} {r['motion']} s{r['seed']}: {what} "
                       f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
@@ -393,6 +393,10 @@ class Compare:
         for r in failed:
             print(f"bcg compare: job {r['label']} {r['motion']} s{r['seed']} failed: {r['error']}", file=sys.stderr)
         return 1 if failed else 0
+
+
+def _num(x: float | None, fmt: str = ".1f") -> str:
+    return "nan" if x is None else format(x, fmt)
 
 
 def _config_dict(c: Compare) -> dict[str, Any]:

@@ -321,7 +321,8 @@ def stiffness_markdown(rows: list[dict[str, Any]], motion: str, method: str, cfg
              f"{cfg['eval_seconds'] or 'the clip'} s). Δd: mean foot penetration in our simulator (at the training "
              "kappa) minus MuJoCo on the same replay.", "",
              "![stiffness](study_stiffness.png)", "",
-             "| kappa [1/m] | runs with a fall | episodes that fell | Δd [mm] | E_track MuJoCo [cm] | paper: falls / Δd [mm] |",
+             "| kappa [1/m] | runs with a fall | episodes that fell | Δd [mm] | E_track MuJoCo [cm] "
+             "| paper: falls / Δd [mm] |",
              "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         p = PAPER_STIFFNESS.get(float(r["kappa"]), {}).get(clip)
@@ -329,8 +330,9 @@ def stiffness_markdown(rows: list[dict[str, Any]], motion: str, method: str, cfg
         lines.append(f"| {r['kappa']:g} | {r['runs_fell']}/{r['runs']} | {r['falls']}/{r['episodes']} | "
                      f"{r['delta_d_mm']:+.2f} +- {r['delta_d_std']:.2f} | {r['e_track_cm']:.1f} +- "
                      f"{r['e_track_std']:.1f} | {paper} |")
-    lines += ["", "The paper trains SHAC+BCG for 3000 iterations per kappa (5 runs); a CPU-sized run trains minutes, so "
-              "its falls measure barely trained policies and Δd mostly the contact model's penetration at each kappa.",
+    lines += ["", "The paper trains SHAC+BCG for 3000 iterations per kappa (5 runs); a CPU-sized run trains "
+              "minutes, so its falls measure barely trained policies and Δd mostly the contact model's penetration at "
+              "each kappa.",
               ""]
     return "\n".join(lines)
 
