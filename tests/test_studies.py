@@ -1,0 +1,75 @@
+"""``bcg study variance`` and ``bcg study stiffness`` on tiny budgets: outputs, tables, plots, refused arguments."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from bcg.cli import main
+from bcg.estimators import ESTIMATORS
+
+
+def test_variance_study_writes_json_png_markdown(tmp_path: Path) -> None:
+    out = tmp_path / "var"
+    argv = ["study", "variance", "--estimators", "bptt", "bcg", "--windows", "2", "3", "--seeds", "0",
+            "--num-envs", "4", "--bootstrap", "50", "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads((out / "variance.json").read_text())
+    assert data["estimators"] == ["bptt", "bcg"]
+    assert [e["study"]["window"] for e in data["entries"]] == [2, 3]
+    for e in data["entries"]:
+        for name in ("bptt", "bcg"):
+            s = e["summary"][name]
+            assert s["V"] > 0 and math.isfinite(s["V"]) and len(s["V_ci"]) == 2
+        assert e["summary"]["bptt"]["ratio"] == 1.0
+    assert (out / "study_variance.png").stat().st_size > 10_000  # a real figure (measured ~40 kB)
+    md = (out / "variance.md").read_text()
+    assert "](study_variance.png)" in md and md.count("| jump | 300 |") == 4
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--estimators", "bptt", "magic"], "unknown estimator 'magic' (in 'magic'); registered: "),
+    (["--estimators", "bcg:nonsense=3"], "nonsense"),
+    (["--seeds"], "seeds must be a non-empty tuple"),
+])
+def test_variance_study_refuses(tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str], message: str
+                                ) -> None:
+    assert main(["study", "variance", *argv, "--out", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    if "registered" in message:
+        assert all(name in err for name in ESTIMATORS)
+    assert not (tmp_path / "v").exists()
+
+
+def test_stiffness_study_tiny(tmp_path: Path) -> None:
+    out = tmp_path / "stiff"
+    argv = ["study", "stiffness", "--method", "shac:bptt", "--kappas", "50", "300", "--iterations", "1",
+            "--budget-s", "None", "--shac-num-envs", "4", "--eval-phases", "1", "--eval-seconds", "0.3",
+            "--workers", "1", "--out", str(out)]
+    assert main(argv) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert [r["kappa"] for r in data["results"]] == [50.0, 300.0]
+    for r in data["results"]:
+        assert r["error"] is None
+        cfg = json.loads((Path(r["run_dir"]) / "config.json").read_text())
+        assert cfg["kappa"] == r["kappa"]  # each run trained at its own stiffness
+        tr = r["transfer"]
+        assert tr["episodes"] == 1 and 0 <= tr["falls"] <= 1 and math.isfinite(tr["delta_d_mm"])
+    assert (out / "study_stiffness.png").stat().st_size > 10_000
+    md = (out / "stiffness.md").read_text()
+    assert "| 50 | " in md and "| 300 | " in md
+    assert "5/5 / 12.6" in md and "0/5 / 3.3" in md  # the paper's jump row beside ours
+
+
+def test_stiffness_study_refuses(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["study", "stiffness", "--method", "shac:nope", "--out", str(tmp_path / "s")]) == 2
+    assert "unknown estimator 'nope'; registered: " in capsys.readouterr().err
+    assert main(["study", "stiffness", "--kappas", "0", "--out", str(tmp_path / "s")]) == 2
+    assert "kappas must be one or more finite values > 0" in capsys.readouterr().err
+    assert main(["study", "stiffness", "--seeds", "--out", str(tmp_path / "s")]) == 2
+    assert "seeds: at least one is needed" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()
