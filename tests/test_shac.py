@@ -18,6 +18,17 @@ from bcg.envs import EnvConfig
 # ------------------------------------------------------------------------------------------------ helpers
 
 
+@pytest.fixture(autouse=True)
+def _one_torch_thread():
+    """One intra-op thread: on a shared 2-core machine torch's second thread spins while the other core is busy,
+    which made the learning check 10-30x slower (docs/envs.md, Throughput)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+
 class ToyEnv:
     """A tiny differentiable batched env with the step interface of G1TrackingVectorEnv (float64).
 
