@@ -394,11 +394,14 @@ def test_shac_improves_standing_pose_short() -> None:
 
 
 def test_export_policy_reproduces_the_mean_action(tmp_path) -> None:
+    from bcg.agents.base import METRIC_NAMES, Agent
     from bcg.agents.export import load_policy, save_policy
 
     cfg = SHACConfig(num_envs=2, horizon=2, actor_hidden=(16, 8), critic_hidden=(8,), critic_iterations=1)
     agent = SHAC(cfg, EnvConfig(motion_file=standing_motion(0.5)))
-    agent.train_iteration()
+    metrics = agent.train_iteration()
+    assert isinstance(agent, Agent) and set(METRIC_NAMES) <= set(metrics)
+    assert all(isinstance(v, float) for v in metrics.values())
     policy = load_policy(save_policy(tmp_path / "policy.pt", agent.export_policy()))
     obs = agent._obs
     with torch.no_grad():
