@@ -142,11 +142,11 @@ def plot(results: list[dict], path: Path, reference: str) -> None:
             ax.bar([x + (i - (len(labels) - 1) / 2) * width for x, _ in have], y, width, yerr=[lo, hi], capsize=3,
                    label=label if (clip, kappa) == groups[0] else None, color=f"C{i}")
         ax.axhline(1.0, color="k", lw=0.8)
-        ax.axhline(1 / 3, color="tab:red", lw=0.8, ls="--", label="goal (1/3)")
+        ax.axhline(1 / 3, color="tab:red", lw=0.8, ls="--", label="goal (1/3)" if (clip, kappa) == groups[0] else None)
         ax.set_xticks(list(xs), [f"T={r['window']}" for r in rows])
         ax.set_title(f"{clip}, kappa {kappa:g}")
-        ax.set_ylim(0, max(1.25, max((r["summary"][k]["ratio_ci"][1] for r in rows for k in labels
-                                      if k in r["summary"]), default=1.0) * 1.05))
+    top = max((r["summary"][k]["ratio_ci"][1] for r in results for k in labels if k in r["summary"]), default=1.0)
+    axes[0][0].set_ylim(0, max(1.25, 1.05 * top))  # shared by all panels
     axes[0][0].set_ylabel(f"V / V_{reference} (90 % bootstrap interval)")
     fig.suptitle(f"summed per-env policy-gradient variance / {reference}'s", fontsize=9)
     fig.tight_layout(rect=(0, 0.1, 1, 1))
