@@ -73,3 +73,23 @@ def test_stiffness_study_refuses(tmp_path: Path, capsys: pytest.CaptureFixture) 
     assert main(["study", "stiffness", "--seeds", "--out", str(tmp_path / "s")]) == 2
     assert "seeds: at least one is needed" in capsys.readouterr().err
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow
+def test_variance_over_training_checkpoints(tmp_path: Path) -> None:
+    """--run-dir: V at every checkpoint of a 3-iteration run (the trained network, per-env output layers)."""
+    assert main(["train", "--agent", "shac", "--iterations", "3", "--checkpoint-every", "1", "--shac.num-envs", "4",
+                 "--shac.horizon", "8", "--out", str(tmp_path), "--name", "r", "--no-progress",
+                 "--no-tensorboard"]) == 0
+    out = tmp_path / "var"
+    assert main(["study", "variance", "--run-dir", str(tmp_path / "r"), "--checkpoints", "3", "--estimators", "bptt",
+                 "bcg", "--windows", "4", "--seeds", "0", "--num-envs", "4", "--bootstrap", "50",
+                 "--out", str(out)]) == 0
+    data = json.loads((out / "variance.json").read_text())
+    assert [e["study"]["iteration"] for e in data["entries"]] == [1, 2, 3]
+    assert data["parameters"] == "output layer (3741 parameters)"  # (128 + 1) x 29 of the cpu-small actor
+    # the policies differ between checkpoints, so V does (measured 16.3, 13.9, 4.31 for bptt)
+    vs = [e["summary"]["bptt"]["V"] for e in data["entries"]]
+    assert all(v > 0 for v in vs) and len(set(vs)) == 3
+    assert (out / "study_variance.png").stat().st_size > 10_000
+    assert main(["study", "variance", "--run-dir", str(tmp_path / "nothing"), "--out", str(out)]) == 2

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PAPER_STIFFNESS", "STUDY_COMMANDS", "StudyStiffness", "StudyVariance", "check_estimator_specs",
-           "stiffness_rows", "variance_plot"]
+__all__ = ["PAPER_STIFFNESS", "STUDY_COMMANDS", "CheckpointPolicy", "StudyStiffness", "StudyVariance",
+           "check_estimator_specs", "run_checkpoints", "stiffness_rows", "variance_plot"]
 
 PAPER_STIFFNESS: dict[float, dict[str, tuple[str, float]]] = {
     50.0: {"run": ("5/5", 10.6), "jump": ("5/5", 12.6), "fight": ("5/5", 13.3), "dance": ("5/5", 13.5)},
@@ -83,6 +83,12 @@ class StudyVariance:
     """Standard deviation of the linear residual's parameters (0: the reference-target policy)."""
     zo_rounds: int = 0
     """Antithetic zeroth-order pairs for the direction check (0: none; costs 2 rollouts per pair)."""
+    run_dir: Path | None = None
+    """Over training: a `bcg train` run directory; V is measured at its checkpoints (train with --checkpoint-every)
+    on the trained network, per-environment copies of its output layer (clip and kappa: the run's; --clips and
+    --kappas are then ignored)."""
+    checkpoints: int = 5
+    """Over training: how many of the run's checkpoints, evenly spaced from the first to the last."""
     out: Path = Path("runs/study_variance")
     """Output folder."""
     device: str = "cpu"
@@ -91,6 +97,8 @@ class StudyVariance:
     def run(self) -> int:
         from bcg.evaluation.gradient_variance import VarianceStudy, run_study, study_dict
 
+        if self.run_dir is not None:
+            return self._run_over_training()
         try:
             check_estimator_specs(tuple(self.estimators))
             studies = [VarianceStudy(clip=c, kappa=float(k), num_envs=self.num_envs, window=int(w),
@@ -120,6 +128,122 @@ class StudyVariance:
         return 0
 
 
+    def _run_over_training(self) -> int:
+        from bcg.agents.checkpoint import CheckpointError
+        from bcg.agents.export import load_policy
+        from bcg.agents.train import export_run
+        from bcg.evaluation.gradient_variance import (
+            VarianceStudy,
+            estimator_gradients,
+            make_estimator,
+            make_study_env,
+            start_states,
+            study_dict,
+            summarize,
+        )
+
+        try:
+            check_estimator_specs(tuple(self.estimators))
+            chosen = run_checkpoints(Path(self.run_dir), self.checkpoints)
+        except (ValueError, CheckpointError) as exc:
+            print(f"bcg study variance: error: {exc}", file=sys.stderr)
+            return 2
+        (self.out / "policies").mkdir(parents=True, exist_ok=True)
+        built = {spec: make_estimator(spec) for spec in self.estimators}
+        entries, env = [], None
+        for it, ckpt in chosen:
+            policy = load_policy(export_run(ckpt, self.out / "policies" / f"iter_{it:06d}.pt"))
+            clip = str(policy.motion.get("name"))
+            kappa = float(policy.meta.get("env", {}).get("kappa") or 300.0)
+            if env is None:
+                env = make_study_env(clip, kappa, 2 * self.num_envs, self.device)
+            cp = CheckpointPolicy(policy)
+            theta0 = cp.initial_theta(self.num_envs).to(env.device)
+            for w in self.windows:
+                st = VarianceStudy(clip=clip, kappa=kappa, num_envs=self.num_envs, window=int(w),
+                                   seeds=tuple(self.seeds), bootstrap=self.bootstrap, confidence=self.confidence,
+                                   zo_rounds=0, device=self.device)
+                t0 = time.perf_counter()
+                runs: dict[str, dict[int, Any]] = {spec: {} for spec in self.estimators}
+                for seed in st.seeds:
+                    start = start_states(env, seed, st.num_envs, st.window)
+                    for spec, est in built.items():
+                        runs[spec][seed] = estimator_gradients(env, est, cp, theta0, start, st.window, seed)
+                summary = summarize(runs, self.estimators[0], bootstrap=st.bootstrap, confidence=st.confidence)
+                entries.append({"study": study_dict(st) | {"iteration": it, "checkpoint": str(ckpt)},
+                                "summary": _json_safe(summary), "seconds": time.perf_counter() - t0})
+                v = ", ".join(f"{e}: V {summary[e]['V']:.3g}" for e in self.estimators)
+                print(f"  iteration {it} T {w}: {v} ({entries[-1]['seconds']:.0f} s)", flush=True)
+        data = {"estimators": list(self.estimators), "entries": entries, "x": "iteration",
+                "run_dir": str(self.run_dir), "parameters": f"output layer ({cp.num_params} parameters)"}
+        (self.out / "variance.json").write_text(json.dumps(data, indent=1) + "\n")
+        png = variance_plot(data, self.out / "study_variance.png")
+        md = self.out / "variance.md"
+        md.write_text(variance_markdown(data))
+        print(f"wrote {self.out / 'variance.json'}, {md}, {png}")
+        return 0
+
+
+def run_checkpoints(run_dir: Path, count: int) -> list[tuple[int, Path]]:
+    """``count`` (iteration, checkpoint file) pairs of a run directory, evenly spaced from its first checkpoint to its
+    last (all of them when it has fewer). ``ValueError`` when the run has none."""
+    if count < 1:
+        raise ValueError(f"checkpoints must be >= 1, got {count}")
+    found = []
+    for f in (run_dir / "checkpoints").glob("iter_*.pt"):
+        try:
+            found.append((int(f.stem.split("_", 1)[1]), f))
+        except ValueError:
+            continue
+    if not found:
+        raise ValueError(f"{run_dir} has no checkpoints/iter_*.pt (train it with --checkpoint-every K)")
+    found.sort()
+    idx = sorted({round(i * (len(found) - 1) / max(count - 1, 1)) for i in range(min(count, len(found)))})
+    return [found[i] for i in idx]
+
+
+class CheckpointPolicy:
+    """A trained policy as a :class:`~bcg.evaluation.gradient_variance.TrackingPolicy` stand-in: the exported
+    network's hidden layers (fixed) and one copy of its output layer per environment, so that one backward pass gives
+    every environment's gradient with respect to its own output layer.
+
+    ``actions(env, state, theta)`` -> raw actions [n, A] = ``[h, 1] @ theta[e]`` with h [n, H] the last hidden
+    features of the normalised observation and ``theta`` [n, H + 1, A] (weight transposed, then the bias row)."""
+
+    def __init__(self, policy: Any) -> None:
+        import torch
+        from torch import nn
+
+        layers = list(policy.mean_net)
+        last = layers[-1]
+        if not isinstance(last, nn.Linear) or last.bias is None:
+            raise ValueError(f"the policy network must end with a Linear layer with a bias, got {last}")
+        for p in policy.parameters():
+            p.requires_grad_(False)
+        self.policy = policy
+        self.body = nn.Sequential(*layers[:-1])
+        self.theta = torch.cat([last.weight.detach().T, last.bias.detach()[None]], 0)  # [H + 1, A]
+        self.obs_dim = int(last.in_features)
+        self.num_actions = int(last.out_features)
+        self.num_params = int(self.theta.numel())
+
+    @property
+    def bias_row(self) -> int:
+        """Index of the bias row of theta."""
+        return self.obs_dim
+
+    def initial_theta(self, n: int) -> Any:
+        """[n, H + 1, A] identical copies of the trained output layer."""
+        return self.theta[None].repeat(n, 1, 1)
+
+    def actions(self, env: Any, state: Any, theta: Any) -> Any:
+        import torch
+
+        h = self.body(self.policy.normalize(env.observe(state)))
+        x = torch.cat([h, torch.ones_like(h[:, :1])], 1)
+        return torch.einsum("nd,nda->na", x, theta)
+
+
 def _json_safe(x: Any) -> Any:
     if isinstance(x, dict):
         return {k: _json_safe(v) for k, v in x.items()}
@@ -143,12 +267,14 @@ def variance_plot(data: dict[str, Any], path: Path) -> Path:
     """``study_variance.png``: V against the window length T, one panel per (clip, kappa), one line per estimator,
     the bootstrap interval as a band; log y."""
     plt = _plt()
-    panels = list(dict.fromkeys((e["study"]["clip"], e["study"]["kappa"]) for e in data["entries"]))
+    over = data.get("x") == "iteration"  # over training: V against the checkpoint's iteration, a panel per window
+    key = (lambda e: ("T", e["study"]["window"])) if over else (lambda e: (e["study"]["clip"], e["study"]["kappa"]))
+    xk = "iteration" if over else "window"
+    panels = list(dict.fromkeys(key(e) for e in data["entries"]))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.4), squeeze=False)
-    for ax, (clip, kappa) in zip(axes[0], panels):
-        es = sorted((e for e in data["entries"] if (e["study"]["clip"], e["study"]["kappa"]) == (clip, kappa)),
-                    key=lambda e: e["study"]["window"])
-        t = [e["study"]["window"] for e in es]
+    for ax, panel in zip(axes[0], panels):
+        es = sorted((e for e in data["entries"] if key(e) == panel), key=lambda e: e["study"][xk])
+        t = [e["study"][xk] for e in es]
         for i, name in enumerate(data["estimators"]):
             v = [e["summary"][name]["V"] for e in es]
             lo = [e["summary"][name]["V_ci"][0] for e in es]
@@ -158,9 +284,10 @@ def variance_plot(data: dict[str, Any], path: Path) -> Path:
             if len(t) == 1:
                 ax.errorbar(t, v, yerr=[[v[0] - lo[0]], [hi[0] - v[0]]], color=f"C{i}", capsize=3)
         ax.set_yscale("log")
-        ax.set_xlabel("window T [control steps]", fontsize=8)
+        ax.set_xlabel("training iteration" if over else "window T [control steps]", fontsize=8)
         ax.set_ylabel("summed gradient variance V", fontsize=8)
-        ax.set_title(f"{clip}, kappa {kappa:g}", fontsize=9)
+        e0 = es[0]["study"]
+        ax.set_title(f"{e0['clip']}, kappa {e0['kappa']:g}" + (f", T {e0['window']}" if over else ""), fontsize=9)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
@@ -179,8 +306,12 @@ def variance_markdown(data: dict[str, Any]) -> str:
              f"{e0['num_envs']} environments x seeds {e0['seeds']}; interval: bootstrap ({e0['bootstrap']} "
              f"resamples, {e0['confidence']:.0%} coverage); ratio: V / V_{ref} (paired bootstrap).", "",
              "![variance](study_variance.png)", "",
-             "| clip | kappa | T | estimator | V | V interval | ratio | ratio interval | trigger rate | fell | s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| clip | kappa | T | iteration | estimator | V | V interval | ratio | ratio interval | trigger rate "
+             "| fell | s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    if data.get("x") == "iteration":
+        lines[2:2] = [f"Over training: the policies of {data['run_dir']} at its checkpoints; V over the "
+                      f"{data['parameters']}, the hidden layers fixed.", ""]
 
     def g(x: Any) -> str:
         return "–" if x is None else f"{x:.3g}"
@@ -189,12 +320,16 @@ def variance_markdown(data: dict[str, Any]) -> str:
         st = e["study"]
         for name in data["estimators"]:
             s = e["summary"][name]
-            lines.append(f"| {st['clip']} | {st['kappa']:g} | {st['window']} | {name} | {g(s['V'])} | "
+            lines.append(f"| {st['clip']} | {st['kappa']:g} | {st['window']} | {st.get('iteration', '–')} | "
+                         f"{name} | {g(s['V'])} | "
                          f"[{g(s['V_ci'][0])}, {g(s['V_ci'][1])}] | {g(s['ratio'])} | [{g(s['ratio_ci'][0])}, "
                          f"{g(s['ratio_ci'][1])}] | {g(s['trigger_rate'])} | {g(s['fell'])} | {g(s['seconds'])} |")
     lines += ["", "The paper (METHOD.md 3.10) shows V over training for SHAC (bptt) and SHAC+BCG on the jump clip with "
-              "128 environments and a +-1 std band over 4000 bootstrap resamples; this study measures V at a fixed "
-              "tracking policy (gradient_variance.TrackingPolicy), not along a training run.", ""]
+              "128 environments and a +-1 std band over 4000 bootstrap resamples; "
+              + ("this study measures V at the run's checkpoints, over the output layer only (the full network's "
+                 "per-environment gradients do not fit a CPU's bootstrap)." if data.get("x") == "iteration" else
+                 "this study measures V at a fixed tracking policy (gradient_variance.TrackingPolicy), not along a "
+                 "training run (--run-dir RUN does that)."), ""]
     return "\n".join(lines)
 
 
