@@ -146,9 +146,11 @@ def test_bptt_is_bit_identical_to_the_env_without_an_estimator() -> None:
 # ------------------------------------------------------------------------------------------------ grs
 
 
-def test_grs_without_perturbation_equals_bptt() -> None:
+@pytest.mark.parametrize("zero", [{"law": "joint_gaussian", "sigma_q": 0.0, "sigma_qd": 0.0},
+                                  {"law": "cartesian", "sigma_p": 0.0, "sigma_v": 0.0}], ids=["joint", "cartesian"])
+def test_grs_without_perturbation_equals_bptt(zero: dict) -> None:
     plain = _rollout(_env())
-    est = make("grs", branches=3, sigma_q=0.0, sigma_qd=0.0)
+    est = make("grs", branches=3, **zero)
     grs = _rollout(_env(est))
     assert torch.equal(grs[0], plain[0]) and torch.equal(grs[1], plain[1])  # values: bit for bit
     for a, b in zip(grs[2], plain[2], strict=True):
@@ -248,7 +250,7 @@ def test_grs_drops_nonfinite_branches(sim_inputs) -> None:
 
 def test_perturbation_law_antithetic_and_limits(sim_inputs) -> None:
     model, q0, qd0, _ = sim_inputs
-    est = GRS(branches=6, antithetic=True, sigma_q=0.05, sigma_qd=0.1)
+    est = GRS(branches=6, antithetic=True, law="joint_gaussian", sigma_q=0.05, sigma_qd=0.1)
     g = torch.Generator().manual_seed(0)
     big = q0.repeat(200, 1)
     dq, dqd = est.sample(model, big, qd0.repeat(200, 1), g)

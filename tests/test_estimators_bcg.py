@@ -32,11 +32,13 @@ def test_trigger_never_is_bit_identical_to_bptt() -> None:
     assert est.total_stats == EstimatorStats(calls=4, envs=4 * N, branches_simulated=4 * N)
 
 
-def test_zero_perturbation_bundles_reproduce_bptt() -> None:
+@pytest.mark.parametrize("zero", [{"law": "joint_gaussian", "sigma_q": 0.0, "sigma_qd": 0.0},
+                                  {"law": "cartesian", "sigma_p": 0.0, "sigma_v": 0.0}], ids=["joint", "cartesian"])
+def test_zero_perturbation_bundles_reproduce_bptt(zero: dict) -> None:
     """Bundles open every step (trigger always, H = 2, B = 3) with zero offsets: values bit for bit, gradients to
     float rounding (the branches' sensitivities are summed with weights 1/3)."""
     plain = _rollout(_env())
-    est = make("bcg", trigger="always", branches=3, horizon=2, sigma_q=0.0, sigma_qd=0.0)
+    est = make("bcg", trigger="always", branches=3, horizon=2, **zero)
     got = _rollout(_env(est))
     assert torch.equal(plain[0], got[0]) and torch.equal(plain[1], got[1])
     for a, b in zip(got[2], plain[2], strict=True):
@@ -126,7 +128,7 @@ def test_gradient_of_a_two_step_bundle_is_the_mean_of_branch_gradients() -> None
     from bcg.estimators.grs import joint_gaussian_offsets
 
     B, seed = 3, 7
-    est = BCG(trigger="always", branches=B, horizon=2, seed=seed, sigma_q=0.05, sigma_qd=0.2)
+    est = BCG(trigger="always", branches=B, horizon=2, seed=seed, law="joint_gaussian", sigma_q=0.05, sigma_qd=0.2)
     env = _env(est)
     s0 = env.state
     a0, a1 = _actions(env, 0), _actions(env, 1)
@@ -261,8 +263,8 @@ def test_branch_batches_and_gathered_rows() -> None:
                 bad.attach(env)
                 env.transition(s.repeat_interleave(k), a.repeat_interleave(k, 0))
 
-        one = BCG(trigger="always", branches=3, horizon=1, seed=4)
-        grs = GRS(branches=3, seed=4)
+        one = BCG(trigger="always", branches=3, horizon=1, seed=4, law="joint_gaussian")
+        grs = GRS(branches=3, seed=4, law="joint_gaussian")
         got = one.attach(env).transition(s.repeat_interleave(k), a.repeat_interleave(k, 0))[0]
         want = grs.attach(env).transition(s.repeat_interleave(k), a.repeat_interleave(k, 0))[0]
         assert torch.equal(got.q, want.q) and torch.equal(got.qd, want.qd)

@@ -71,11 +71,11 @@ class BCG(Estimator):
     timing: Literal["lagged", "rollback"] = "lagged"
     """``lagged``: the trigger of step t uses the forces of step t-1 (no re-simulation); ``rollback``: simulate the
     nominal step and, where it triggers, discard it and simulate the bundle from the same start."""
-    law: Literal["joint_gaussian", "cartesian"] = "joint_gaussian"
+    law: Literal["joint_gaussian", "cartesian"] = "cartesian"
     """Perturbation law at the bundle start: ``joint_gaussian`` (independent N(0, sigma_q^2), N(0, sigma_qd^2) on every
     hinge angle and rate) or ``cartesian`` (end-point offsets N(0, sigma_p^2), N(0, sigma_v^2) of the chains of the
     feet whose force passed tau, all feet with ``trigger="always"``, through the damped Jacobian pseudoinverse,
-    :mod:`bcg.estimators.perturb`); clamped to the joint limits."""
+    :mod:`bcg.estimators.perturb`); clamped to the joint limits. The default is the Cartesian law of METHOD.md 3.4."""
     sigma_p: float = 0.01
     """Cartesian law: standard deviation of the end-link position offset [m]."""
     sigma_v: float = 0.02

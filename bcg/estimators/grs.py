@@ -33,10 +33,11 @@ class GRS(Estimator):
     """Standard deviation of the joint-angle perturbation [rad] (joint-space Gaussian law)."""
     sigma_qd: float = 0.05
     """Standard deviation of the joint-rate perturbation [rad/s] (joint-space Gaussian law)."""
-    law: Literal["joint_gaussian", "cartesian"] = "joint_gaussian"
+    law: Literal["joint_gaussian", "cartesian"] = "cartesian"
     """Perturbation law: ``joint_gaussian`` (independent N(0, sigma_q^2), N(0, sigma_qd^2) on every hinge angle and
     rate) or ``cartesian`` (end-link offsets N(0, sigma_p^2), N(0, sigma_v^2) of all four limb chains through the
-    damped Jacobian pseudoinverse, :mod:`bcg.estimators.perturb`). The floating base is never perturbed."""
+    damped Jacobian pseudoinverse, :mod:`bcg.estimators.perturb`; the default, the same law as ``bcg``'s, so that the
+    comparison isolates the trigger). The floating base is never perturbed."""
     sigma_p: float = 0.01
     """Cartesian law: standard deviation of the end-link position offset [m]."""
     sigma_v: float = 0.02
