@@ -161,6 +161,8 @@ def transfer_rows(grouped: dict[str, dict[str, list[dict[str, Any]]]]) -> list[d
                 "e_track_cm": float(np.nanmean(e)) if len(e) else math.nan,
                 "e_track_std": float(np.nanstd(e)) if len(e) else math.nan,
                 "falls": int(sum(t["falls"] for t in tr)), "episodes": int(sum(t["episodes"] for t in tr)),
+                "unstable": int(sum(t.get("unstable", 0) for t in tr)),
+                "episode_s": float(np.mean([t["mean_episode_seconds"] for t in tr])) if tr else math.nan,
                 "delta_d_mm": float(np.nanmean(d)) if len(d) else math.nan,
                 "delta_d_std": float(np.nanstd(d)) if len(d) else math.nan,
                 "bcg_e_track_cm": float(np.nanmean(eb)) if len(eb) else math.nan,
@@ -205,8 +207,11 @@ def transfer_plot(rows: list[dict[str, Any]], path: Path) -> Path:
             x = j + (k - (len(labels) - 1) / 2) * w
             axes[0].bar(x, r["e_track_cm"], w, yerr=r["e_track_std"], color=col[lb], label=lb if j == 0 else None,
                         capsize=2)
-            axes[1].bar(x, r["falls"] / max(r["episodes"], 1), w, color=col[lb])
-    for ax, yl in zip(axes, ("E_track in MuJoCo [cm]", "fall rate in MuJoCo")):
+            fr, ur = r["falls"] / max(r["episodes"], 1), r["unstable"] / max(r["episodes"], 1)
+            axes[1].bar(x, fr, w, color=col[lb])
+            axes[1].bar(x, ur, w, bottom=fr, color=col[lb], alpha=0.35, hatch="//", edgecolor="k", lw=0)
+    for ax, yl in zip(axes, ("E_track in MuJoCo [cm]", "episodes ended early in MuJoCo\n(solid: fell; hatched: "
+                                                      "unstable)")):
         ax.set_xticks(range(len(motions)), motions)
         ax.set_ylabel(yl, fontsize=8)
         ax.tick_params(labelsize=7)
@@ -298,15 +303,17 @@ def write_report(data: dict[str, Any], out: str | Path) -> Path:
               "![learning curves](compare_learning.png)", "",
               "## After transfer to MuJoCo", "",
               "E_track: mean world body-position error [cm] in MuJoCo (mean +- std over seeds); falls: episodes whose "
-              "pelvis dropped below 0.3 m, all seeds; Δd: mean foot penetration in our simulator minus MuJoCo on the "
-              "same replay [mm]; train err: mean training tracking error of the last "
-              f"{SMOOTH} iterations.", "",
-              "| motion | method | seeds | E_track MuJoCo [cm] | falls | Δd [mm] | E_track bcg sim [cm] | train err [cm]"
-              " | iterations | samples | train wall [s] |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "pelvis dropped below 0.3 m, all seeds; unstable: episodes ended by the instability guard (a non-finite "
+              "state or a speed above 200 m/s or rad/s), not counted as falls; episode: mean episode length in MuJoCo; "
+              "Δd: mean foot penetration in our simulator minus MuJoCo on the same replay [mm]; train err: mean "
+              f"training tracking error of the last {SMOOTH} iterations.", "",
+              "| motion | method | seeds | E_track MuJoCo [cm] | falls | unstable | episode [s] | Δd [mm] "
+              "| E_track bcg sim [cm] | train err [cm] | iterations | samples | train wall [s] |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {r['motion']} | {r['method']} | {r['seeds']} | {_f(r['e_track_cm'])} +- "
-                     f"{_f(r['e_track_std'])} | {r['falls']}/{r['episodes']} | {_f(r['delta_d_mm'], '+.2f')} | "
+                     f"{_f(r['e_track_std'])} | {r['falls']}/{r['episodes']} | {r['unstable']}/{r['episodes']} | "
+                     f"{_f(r['episode_s'], '.2f')} | {_f(r['delta_d_mm'], '+.2f')} | "
                      f"{_f(r['bcg_e_track_cm'])} | {_f(r['train_error_cm'])} | {r['iterations']:.0f} | "
                      f"{_samples(r['samples'])} | {_f(r['wall_s'], '.0f')} |")
     lines += ["", "![transfer](compare_transfer.png)", ""]
