@@ -99,9 +99,10 @@ def test_report_builds_with_all_figures(local_grid: tuple[Path, list[dict]]) -> 
         assert f"]({png})" in text
     assert "| jump | PPO | 1 |" in text and "| jump | SHAC (bptt) | 1 |" in text
     assert "18.6 +- 0.4" in text and "18.0 +- 0.2" in text  # the paper's jump numbers beside ours
-    # the CLI rebuilds the same report from results.json alone
+    # the CLI rebuilds the same report from results.json alone, and will not train over the finished runs
     assert main(["compare", "--report-only", "--out", str(out)]) == 0
     assert report.read_text() == text
+    assert main(["compare", "--methods", "ppo", "--out", str(out)]) == 2
 
 
 @pytest.mark.slow

@@ -63,6 +63,8 @@ def test_stiffness_study_tiny(tmp_path: Path) -> None:
     md = (out / "stiffness.md").read_text()
     assert "| 50 | " in md and "| 300 | " in md
     assert "5/5 / 12.6" in md and "0/5 / 3.3" in md  # the paper's jump row beside ours
+    assert main(["study", "stiffness", "--report-only", "--out", str(out)]) == 0
+    assert (out / "stiffness.md").read_text() == md
 
 
 def test_stiffness_study_refuses(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -358,6 +358,10 @@ class Compare:
         else:
             try:
                 jobs = self.jobs()
+                taken = [j.name for j in jobs if (Path(j.out) / j.name).exists()]
+                if taken:
+                    raise ValueError(f"{self.out / 'runs'} already holds {', '.join(taken)}: choose another --out, or "
+                                     "rebuild the report of that grid with --report-only")
             except ValueError as exc:
                 print(f"bcg compare: error: {exc}", file=sys.stderr)
                 return 2

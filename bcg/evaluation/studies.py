@@ -371,9 +371,20 @@ class StudyStiffness:
     """Run the jobs as Ray tasks (auto, HOST:PORT or local)."""
     out: Path = Path("runs/study_stiffness")
     """Output folder: runs/, results.json, stiffness.md, study_stiffness.png."""
+    report_only: bool = False
+    """Rebuild stiffness.md and the plot from OUT/results.json without training."""
 
     def run(self) -> int:
         from bcg.evaluation.compare import make_jobs, run_jobs
+
+        if self.report_only:
+            path = self.out / "results.json"
+            if not path.is_file():
+                print(f"bcg study stiffness: error: {path} not found (run the study first)", file=sys.stderr)
+                return 2
+            data = json.loads(path.read_text())
+            self._write(data["results"], data["config"])
+            return 0
 
         try:
             if not self.kappas or any(not (k > 0 and math.isfinite(k)) for k in self.kappas):
@@ -390,19 +401,28 @@ class StudyStiffness:
         workers = self.workers or max(1, min(len(jobs), os.cpu_count() or 1))
         print(f"bcg study stiffness: {len(jobs)} jobs ({self.method} on {self.motion}, kappa "
               f"{', '.join(f'{k:g}' for k in self.kappas)}, seeds {list(self.seeds)})", flush=True)
-        results = run_jobs(jobs, workers=workers, ray_address=self.ray_address,
-                           on_done=lambda r: print(f"  kappa {r['kappa']:g} s{r['seed']}: "
-                                                   f"{r['error'] or r['transfer']}", flush=True))
+        def on_done(r: dict[str, Any]) -> None:
+            t = r.get("transfer") or {}
+            d, e = t.get("delta_d_mm"), t.get("e_track_cm")
+            what = r["error"] or (f"falls {t.get('falls')}/{t.get('episodes')}, unstable {t.get('unstable')}, "
+                                  f"Δd {math.nan if d is None else d:+.2f} mm, "
+                                  f"E_track {math.nan if e is None else e:.1f} cm")
+            print(f"  kappa {r['kappa']:g} s{r['seed']}: {what}", flush=True)
+
+        results = run_jobs(jobs, workers=workers, ray_address=self.ray_address, on_done=on_done)
         self.out.mkdir(parents=True, exist_ok=True)
         cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
         data = {"config": cfg, "results": results}
         (self.out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
+        self._write(results, cfg)
+        return 1 if any(r.get("error") for r in results) else 0
+
+    def _write(self, results: list[dict[str, Any]], cfg: dict[str, Any]) -> None:
         rows = stiffness_rows(results)
         png = stiffness_plot(rows, self.out / "study_stiffness.png")
         md = self.out / "stiffness.md"
-        md.write_text(stiffness_markdown(rows, self.motion, self.method, cfg))
+        md.write_text(stiffness_markdown(rows, cfg["motion"], cfg["method"], cfg))
         print(f"wrote {self.out / 'results.json'}, {md}, {png}")
-        return 1 if any(r.get("error") for r in results) else 0
 
 
 def stiffness_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -417,6 +437,8 @@ def stiffness_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
         e = np.array([t["e_track_cm"] if t["e_track_cm"] is not None else math.nan for t in tr])
         rows.append({"kappa": k, "runs": len(tr), "runs_fell": sum(t["falls"] > 0 for t in tr),
                      "falls": sum(t["falls"] for t in tr), "episodes": sum(t["episodes"] for t in tr),
+                     "unstable": sum(t.get("unstable", 0) for t in tr),
+                     "episode_s": float(np.mean([t["mean_episode_seconds"] for t in tr])),
                      "delta_d_mm": float(np.nanmean(d)), "delta_d_std": float(np.nanstd(d)),
                      "e_track_cm": float(np.nanmean(e)), "e_track_std": float(np.nanstd(e))})
     return rows
@@ -453,16 +475,18 @@ def stiffness_markdown(rows: list[dict[str, Any]], motion: str, method: str, cfg
     lines = ["# Stiffness ablation (paper Q1)", "",
              f"`{method}` on `{clip}`, preset `{cfg['preset']}`, {budget} per run, seeds {cfg['seeds']}; each policy "
              f"replayed in MuJoCo ({cfg['eval_phases']} phases x seeds {cfg['eval_seeds']}, at most "
-             f"{cfg['eval_seconds'] or 'the clip'} s). Δd: mean foot penetration in our simulator (at the training "
+             f"{cfg['eval_seconds'] or 'the clip'} s). Unstable: episodes ended by the instability guard (not falls); "
+             "episode: mean episode length in MuJoCo. Δd: mean foot penetration in our simulator (at the training "
              "kappa) minus MuJoCo on the same replay.", "",
              "![stiffness](study_stiffness.png)", "",
-             "| kappa [1/m] | runs with a fall | episodes that fell | Δd [mm] | E_track MuJoCo [cm] "
-             "| paper: falls / Δd [mm] |",
-             "| --- | --- | --- | --- | --- | --- |"]
+             "| kappa [1/m] | runs with a fall | episodes that fell | unstable | episode [s] | Δd [mm] "
+             "| E_track MuJoCo [cm] | paper: falls / Δd [mm] |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         p = PAPER_STIFFNESS.get(float(r["kappa"]), {}).get(clip)
         paper = f"{p[0]} / {p[1]:.1f}" if p else "–"
         lines.append(f"| {r['kappa']:g} | {r['runs_fell']}/{r['runs']} | {r['falls']}/{r['episodes']} | "
+                     f"{r['unstable']}/{r['episodes']} | {r['episode_s']:.2f} | "
                      f"{r['delta_d_mm']:+.2f} +- {r['delta_d_std']:.2f} | {r['e_track_cm']:.1f} +- "
                      f"{r['e_track_std']:.1f} | {paper} |")
     lines += ["", "The paper trains SHAC+BCG for 3000 iterations per kappa (5 runs); a CPU-sized run trains "
