@@ -411,7 +411,9 @@ class StudyStiffness:
 
         results = run_jobs(jobs, workers=workers, ray_address=self.ray_address, on_done=on_done)
         self.out.mkdir(parents=True, exist_ok=True)
-        cfg = {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
+        # through JSON, so that a report rebuilt from results.json (--report-only) reads the same values (lists)
+        cfg = json.loads(json.dumps({k: (str(v) if isinstance(v, Path) else v)
+                                     for k, v in dataclasses.asdict(self).items()}))
         data = {"config": cfg, "results": results}
         (self.out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
         self._write(results, cfg)
