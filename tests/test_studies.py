@@ -95,3 +95,17 @@ def test_variance_over_training_checkpoints(tmp_path: Path) -> None:
     assert all(v > 0 for v in vs) and len(set(vs)) == 3
     assert (out / "study_variance.png").stat().st_size > 10_000
     assert main(["study", "variance", "--run-dir", str(tmp_path / "nothing"), "--out", str(out)]) == 2
+
+
+def test_sensitivity_study_tiny(tmp_path: Path) -> None:
+    """Branch versus bundle on the jump clip's first landing: the bundle is the branches' mean, the plot is written,
+    and the window across touchdown has a non-zero sensitivity (in flight dv_z/dp_z is exactly 0)."""
+    out = tmp_path / "sens"
+    assert main(["study", "sensitivity", "--kappas", "300", "--branches", "4", "--window", "4", "--out", str(out)]) == 0
+    data = json.loads((out / "sensitivity.json").read_text())
+    e = data["entries"][0]
+    assert len(e["branch"]) == 4 and e["mean"] == pytest.approx(sum(e["branch"]) / 4, rel=1e-9)
+    assert data["frame"] == 43  # jump's first landing is frame 45 (flight 26-44); the window starts 2 steps earlier
+    assert abs(e["nominal"]) > 0.5  # measured -9.1 [1/s] for T = 4 (-2.5 for T = 8 from frame 41)
+    assert (out / "study_sensitivity.png").stat().st_size > 10_000
+    assert main(["study", "sensitivity", "--branches", "2", "--out", str(tmp_path / "x")]) == 2
