@@ -122,3 +122,15 @@ def test_ray_gives_the_same_table(local_grid: tuple[Path, list[dict]], tmp_path:
         ray.shutdown()
     assert [r["error"] for r in remote] == [None, None]
     assert _table(remote) == _table(local)
+
+
+def test_ray_missing_is_a_clear_message(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                        capsys: pytest.CaptureFixture) -> None:
+    import sys
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError, as without the package
+    with pytest.raises(ImportError, match=r"--ray-address needs Ray: pip install 'ray>=2.9'"):
+        run_jobs(_grid(tmp_path / "runs"), ray_address="auto")
+    assert main(["compare", "--methods", "ppo", "--ray-address", "auto", "--out", str(tmp_path / "c")]) == 2
+    assert "pip install 'ray>=2.9'" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()
