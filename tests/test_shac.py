@@ -375,19 +375,21 @@ def _learn(iterations: int, num_envs: int, horizon: int, flip_sign: bool = False
 @pytest.mark.slow
 def test_shac_improves_standing_pose() -> None:
     """8 envs x 16 steps, 20 iterations (about 25 s on an idle core). Measured (seed 0), mean reward of the first
-    3 -> the last 3 iterations: 0.075 -> 0.250; broken updates: actor_lr = 0 0.074 -> 0.074, loss sign flipped
-    0.075 -> 0.039."""
+    3 -> the last 3 iterations: 0.088 -> 0.112; broken updates: actor_lr = 0 0.089 -> 0.088, loss sign flipped
+    0.084 -> 0.031. (Before the smoothness term moved from tanh(a) to the raw action, the correct update reached
+    0.250, mostly by saturating its actions, which that term rewarded: see docs/shac.md.)"""
     r = _learn(20, 8, 16)
     first, last = np.mean(r[:3]), np.mean(r[-3:])
-    assert last > 0.18 and last > first + 0.08, (first, last)
+    assert last > 0.10 and last > first + 0.015, (first, last)
 
 
 def test_shac_improves_standing_pose_short() -> None:
     """The default-run check: the first 10 iterations of the run above. Measured (seed 0), first 3 -> iterations
-    8-10: 0.075 -> 0.112; actor_lr = 0: 0.074 -> 0.071; sign flipped: 0.075 -> 0.039."""
+    8-10: 0.088 -> 0.105; actor_lr = 0: 0.089 -> 0.084; sign flipped: 0.084 -> 0.040. The margin is small: from
+    a random policy (action std 1) SHAC learns slowly here (docs/shac.md)."""
     r = _learn(10, 8, 16)
     first, last = np.mean(r[:3]), np.mean(r[-3:])
-    assert last > first + 0.02, (first, last)
+    assert last > first + 0.01, (first, last)
 
 
 # ------------------------------------------------------------------------------------------------ export, config
