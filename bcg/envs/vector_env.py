@@ -542,9 +542,9 @@ class G1TrackingVectorEnv(VectorEnv):
             ``final_obs`` / ``_final_obs`` (SAME_STEP autoreset), ``unstable_reset`` [N] (environments whose state
             was non-finite or faster than ``bcg.sim.MAX_SPEED`` at the start of the step and were reset before the
             simulator was called), ``nonfinite`` [N] (environments whose step diverged: reward 0, terminated,
-            gradient blocked), ``num_unstable`` (the number of both this step), ``fell`` [N], ``tracking_error`` [N] (mean
-            over the bodies of the distance between simulated and reference body origins after the step [m]; the
-            E_track of METHOD.md 3.10 before averaging over time), ``frame`` [N],
+            gradient blocked), ``num_unstable`` (the number of both this step), ``fell`` [N], ``tracking_error``
+            [N] (mean over the bodies of the distance between simulated and reference body origins after the step
+            [m]; the E_track of METHOD.md 3.10 before averaging over time), ``frame`` [N],
             ``contact_impulse``, ``contact_peak_force`` and ``contact_penetration`` [N, 8] and, with observation
             noise, ``critic_obs`` / ``final_critic_obs`` (noise-free).
         """

@@ -58,6 +58,16 @@ def check_estimator_specs(specs: tuple[str, ...]) -> None:
 # -------------------------------------------------------------------------------------------- variance (Q2)
 
 
+def _write_variance_outputs(data: dict[str, Any], out: Path) -> None:
+    """``variance.json``, ``variance.md`` and ``study_variance.png`` of a variance study's ``data`` in ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "variance.json").write_text(json.dumps(data, indent=1) + "\n")
+    png = variance_plot(data, out / "study_variance.png")
+    md = out / "variance.md"
+    md.write_text(variance_markdown(data))
+    print(f"wrote {out / 'variance.json'}, {md}, {png}")
+
+
 @dataclass(frozen=True)
 class StudyVariance:
     """Policy-gradient variance (paper Q2): summed per-environment variance V of each estimator, with bootstrap
@@ -120,12 +130,7 @@ class StudyVariance:
             v = ", ".join(f"{e}: V {ws.summary[e]['V']:.3g}" for e in self.estimators)
             print(f"  {st.clip} kappa {st.kappa:g} T {st.window}: {v} ({entries[-1]['seconds']:.0f} s)", flush=True)
         self.out.mkdir(parents=True, exist_ok=True)
-        data = {"estimators": list(self.estimators), "entries": entries}
-        (self.out / "variance.json").write_text(json.dumps(data, indent=1) + "\n")
-        png = variance_plot(data, self.out / "study_variance.png")
-        md = self.out / "variance.md"
-        md.write_text(variance_markdown(data))
-        print(f"wrote {self.out / 'variance.json'}, {md}, {png}")
+        _write_variance_outputs({"estimators": list(self.estimators), "entries": entries}, self.out)
         return 0
 
 
@@ -177,11 +182,7 @@ class StudyVariance:
                 print(f"  iteration {it} T {w}: {v} ({entries[-1]['seconds']:.0f} s)", flush=True)
         data = {"estimators": list(self.estimators), "entries": entries, "x": "iteration",
                 "run_dir": str(self.run_dir), "parameters": f"output layer ({cp.num_params} parameters)"}
-        (self.out / "variance.json").write_text(json.dumps(data, indent=1) + "\n")
-        png = variance_plot(data, self.out / "study_variance.png")
-        md = self.out / "variance.md"
-        md.write_text(variance_markdown(data))
-        print(f"wrote {self.out / 'variance.json'}, {md}, {png}")
+        _write_variance_outputs(data, self.out)
         return 0
 
 
