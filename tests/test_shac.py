@@ -454,3 +454,21 @@ def test_presets() -> None:
         64, 32, 0.99, 0.95, 5e-3, 2e-3, (0.7, 0.95), 3)
     assert (p.critic_iterations, p.critic_minibatches, p.actor_grad_norm, p.critic_grad_norm) == (16, 4, 1.0, 10.0)
     assert p.actor_hidden == (512, 256, 128) and p.critic_hidden == (256, 256) and p.init_action_std == 1.0
+
+
+@pytest.mark.parametrize("warmup", [0, 5])
+def test_actor_bootstrap_warmup_leaves_the_critics_out(warmup: int) -> None:
+    """During the warm-up the actor loss does not depend on the (target) critics at all; afterwards it does."""
+    cfg = SHACConfig(num_envs=2, horizon=3, actor_hidden=(8,), critic_hidden=(8,), critic_iterations=1,
+                     actor_bootstrap_warmup=warmup)
+    agent = SHAC(cfg, EnvConfig(motion_file=standing_motion(0.3)), seed=0)
+    start = agent.state_dict()
+    loss_a = agent._rollout(*agent._begin_window()).actor_loss.item()
+    agent.load_state_dict(start)
+    with torch.no_grad():
+        for p in agent.target_critics.parameters():
+            p.add_(1.0)
+    loss_b = agent._rollout(*agent._begin_window()).actor_loss.item()
+    assert (loss_a == loss_b) if warmup else (loss_a != loss_b), (loss_a, loss_b)
+    with pytest.raises(ValueError, match="actor_bootstrap_warmup must be an integer >= 0"):
+        SHACConfig(actor_bootstrap_warmup=-1)
