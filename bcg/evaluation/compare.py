@@ -292,26 +292,17 @@ def run_jobs(jobs: Sequence[Job], *, workers: int = 1, ray_address: str | None =
 
 
 @dataclass(frozen=True)
-class Compare:
-    """Head to head: train every method on every motion and seed, replay each policy in MuJoCo, write learning
-    curves, the transfer table and a Markdown report (OUT/report.md)."""
+class GridOptions:
+    """Options shared by the commands that run a grid of train-then-transfer jobs (``bcg compare``,
+    ``bcg study stiffness``): budget, preset, sizes, the transfer replay and where the jobs run."""
 
-    methods: tuple[str, ...] = ("ppo", "shac:bptt", "shac:bcg")
-    """Methods: ppo or shac:ESTIMATOR (any registered estimator, plugins included; parameters as
-    shac:bcg:tau=200,branches=8)."""
-    motions: tuple[str, ...] = ("jump",)
-    """Clips (packaged names or motion files)."""
-    seeds: tuple[int, ...] = (0,)
-    """Training seeds."""
     iterations: int = 1000
     """Iterations per run (a cap when --budget-s is given)."""
     budget_s: float | None = 40.0
-    """Training wall-clock budget per run [s] (equal for all methods; None: --iterations alone). Runs side by side
+    """Training wall-clock budget per run [s] (equal for all runs; None: --iterations alone). Runs side by side
     share the CPU: the budget is wall-clock, not CPU time."""
     preset: str = "cpu-small"
     """Agent preset of every run (cpu-small or paper)."""
-    kappa: float | None = None
-    """Contact stiffness of training [1/m] (None: the simulator's default, 300)."""
     shac_num_envs: int | None = None
     """SHAC environments (None: the preset's)."""
     ppo_num_envs: int | None = None
@@ -326,6 +317,22 @@ class Compare:
     """Parallel jobs: 1 runs them in this process; K > 1 in K spawned worker processes (default: min(jobs, CPUs))."""
     ray_address: str | None = None
     """Run the jobs as Ray tasks: auto, HOST:PORT, or local (a fresh local instance). Needs `pip install ray`."""
+
+
+@dataclass(frozen=True)
+class Compare(GridOptions):
+    """Head to head: train every method on every motion and seed, replay each policy in MuJoCo, write learning
+    curves, the transfer table and a Markdown report (OUT/report.md)."""
+
+    methods: tuple[str, ...] = ("ppo", "shac:bptt", "shac:bcg")
+    """Methods: ppo or shac:ESTIMATOR (any registered estimator, plugins included; parameters as
+    shac:bcg:tau=200,branches=8)."""
+    motions: tuple[str, ...] = ("jump",)
+    """Clips (packaged names or motion files)."""
+    seeds: tuple[int, ...] = (0,)
+    """Training seeds."""
+    kappa: float | None = None
+    """Contact stiffness of training [1/m] (None: the simulator's default, 300)."""
     out: Path = Path("runs/compare")
     """Output folder: runs/ (one run directory per job), results.json, report.md and the PNG plots."""
     device: str = "cpu"

@@ -21,7 +21,7 @@ training rollout, exploration noise included); E_track is the transfer metric in
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -102,13 +102,28 @@ def _band(runs: list[dict[str, Any]], x_key: str, n: int = 100) -> tuple[np.ndar
     return grid, stack.mean(0), stack.std(0)
 
 
-def _plt() -> Any:
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg back end (files only; no display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def style_axis(ax: Any, grid_axis: str = "both") -> None:
+    """The figures' common axis look: small tick labels and a light grid (``grid_axis``: both, x or y)."""
+    ax.tick_params(labelsize=7)
+    ax.grid(alpha=0.3, axis=grid_axis)
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` (PNG, 90 dpi), close it; returns ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    pyplot().close(fig)
+    return path
 
 
 def _colors(labels: Sequence[str]) -> dict[str, str]:
@@ -119,7 +134,7 @@ def _colors(labels: Sequence[str]) -> dict[str, str]:
 
 def learning_plot(grouped: dict[str, dict[str, list[dict[str, Any]]]], path: Path) -> Path:
     """``compare_learning.png``: training tracking error against samples and wall-clock, one column per motion."""
-    plt = _plt()
+    plt = pyplot()
     motions = list(grouped)
     labels = list(dict.fromkeys(lb for m in motions for lb in grouped[m]))
     col = _colors(labels)
@@ -135,15 +150,11 @@ def learning_plot(grouped: dict[str, dict[str, list[dict[str, Any]]]], path: Pat
                 ax.set_xscale("log")
             ax.set_xlabel(xlabel, fontsize=8)
             ax.set_ylabel("training tracking error [cm]", fontsize=8)
-            ax.tick_params(labelsize=7)
-            ax.grid(alpha=0.3)
+            style_axis(ax)
             if i == 0:
                 ax.set_title(m, fontsize=9)
                 ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def transfer_rows(grouped: dict[str, dict[str, list[dict[str, Any]]]]) -> list[dict[str, Any]]:
@@ -191,70 +202,60 @@ def samples_table(grouped: dict[str, dict[str, list[dict[str, Any]]]]) -> list[d
     return rows
 
 
-def transfer_plot(rows: list[dict[str, Any]], path: Path) -> Path:
-    """``compare_transfer.png``: E_track (MuJoCo) bars with +-std and falls / episodes, grouped by motion."""
-    plt = _plt()
-    motions = list(dict.fromkeys(r["motion"] for r in rows))
-    labels = list(dict.fromkeys(r["method"] for r in rows))
-    col = _colors(labels)
-    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.4))
+def _grouped_bars(rows: list[dict[str, Any]], motions: list[str], labels: list[str]
+                  ) -> Iterator[tuple[str, int, dict[str, Any], float, float]]:
+    """``(method label, motion index, row, bar centre, bar width)`` for bars grouped by motion, one per method."""
     w = 0.8 / max(len(labels), 1)
     for k, lb in enumerate(labels):
         for j, m in enumerate(motions):
             r = next((x for x in rows if x["motion"] == m and x["method"] == lb), None)
-            if r is None:
-                continue
-            x = j + (k - (len(labels) - 1) / 2) * w
-            axes[0].bar(x, r["e_track_cm"], w, yerr=r["e_track_std"], color=col[lb], label=lb if j == 0 else None,
-                        capsize=2)
-            fr, ur = r["falls"] / max(r["episodes"], 1), r["unstable"] / max(r["episodes"], 1)
-            axes[1].bar(x, fr, w, color=col[lb])
-            axes[1].bar(x, ur, w, bottom=fr, color=col[lb], alpha=0.35, hatch="//", edgecolor="k", lw=0)
+            if r is not None:
+                yield lb, j, r, j + (k - (len(labels) - 1) / 2) * w, w
+
+
+def transfer_plot(rows: list[dict[str, Any]], path: Path) -> Path:
+    """``compare_transfer.png``: E_track (MuJoCo) bars with +-std and falls / episodes, grouped by motion."""
+    plt = pyplot()
+    motions = list(dict.fromkeys(r["motion"] for r in rows))
+    labels = list(dict.fromkeys(r["method"] for r in rows))
+    col = _colors(labels)
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.4))
+    for lb, j, r, x, w in _grouped_bars(rows, motions, labels):
+        axes[0].bar(x, r["e_track_cm"], w, yerr=r["e_track_std"], color=col[lb], label=lb if j == 0 else None,
+                    capsize=2)
+        fr, ur = r["falls"] / max(r["episodes"], 1), r["unstable"] / max(r["episodes"], 1)
+        axes[1].bar(x, fr, w, color=col[lb])
+        axes[1].bar(x, ur, w, bottom=fr, color=col[lb], alpha=0.35, hatch="//", edgecolor="k", lw=0)
     for ax, yl in zip(axes, ("E_track in MuJoCo [cm]", "episodes ended early in MuJoCo\n(solid: fell; hatched: "
                                                       "unstable)")):
         ax.set_xticks(range(len(motions)), motions)
         ax.set_ylabel(yl, fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3, axis="y")
+        style_axis(ax, "y")
     axes[1].set_ylim(0, 1.05)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def samples_plot(rows: list[dict[str, Any]], path: Path) -> Path:
     """``compare_samples.png``: samples to reach PPO's final training error, per motion and method (each seed a dot,
     the median a bar; seeds that never reached it are drawn as crosses at the top)."""
-    plt = _plt()
+    plt = pyplot()
     motions = list(dict.fromkeys(r["motion"] for r in rows))
     labels = list(dict.fromkeys(r["method"] for r in rows))
     col = _colors(labels)
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
-    w = 0.8 / max(len(labels), 1)
     top = max([x for r in rows for x in r["per_seed"] if math.isfinite(x)] or [1.0])
-    for k, lb in enumerate(labels):
-        for j, m in enumerate(motions):
-            r = next((x for x in rows if x["motion"] == m and x["method"] == lb), None)
-            if r is None:
-                continue
-            x = j + (k - (len(labels) - 1) / 2) * w
-            if math.isfinite(r["median"]):
-                ax.bar(x, r["median"], w, color=col[lb], alpha=0.6, label=lb if j == 0 else None)
-            for s in r["per_seed"]:
-                ax.plot([x], [s if math.isfinite(s) else top * 1.1], "o" if math.isfinite(s) else "x", color=col[lb],
-                        ms=4)
+    for lb, j, r, x, w in _grouped_bars(rows, motions, labels):
+        if math.isfinite(r["median"]):
+            ax.bar(x, r["median"], w, color=col[lb], alpha=0.6, label=lb if j == 0 else None)
+        for s in r["per_seed"]:
+            ax.plot([x], [s if math.isfinite(s) else top * 1.1], "o" if math.isfinite(s) else "x", color=col[lb], ms=4)
     ax.set_xticks(range(len(motions)), [f"{m}\n(target {next(r['target_cm'] for r in rows if r['motion'] == m):.1f} cm)"
                                         for m in motions])
     ax.set_ylabel("samples to reach PPO's final error", fontsize=8)
-    ax.tick_params(labelsize=7)
+    style_axis(ax, "y")
     ax.legend(fontsize=7)
-    ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def _f(x: float, fmt: str = ".1f") -> str:

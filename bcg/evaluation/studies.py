@@ -25,6 +25,9 @@ from typing import Any
 
 import numpy as np
 
+from bcg.evaluation.compare import GridOptions
+from bcg.evaluation.report import pyplot, save_figure, style_axis
+
 __all__ = ["PAPER_STIFFNESS", "STUDY_COMMANDS", "CheckpointPolicy", "StudySensitivity", "StudyStiffness",
            "StudyVariance", "branch_sensitivities", "check_estimator_specs", "run_checkpoints", "sensitivity_plot",
            "stiffness_rows", "variance_plot"]
@@ -256,19 +259,10 @@ def _json_safe(x: Any) -> Any:
     return x
 
 
-def _plt() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def variance_plot(data: dict[str, Any], path: Path) -> Path:
     """``study_variance.png``: V against the window length T, one panel per (clip, kappa), one line per estimator,
     the bootstrap interval as a band; log y."""
-    plt = _plt()
+    plt = pyplot()
     over = data.get("x") == "iteration"  # over training: V against the checkpoint's iteration, a panel per window
     key = (lambda e: ("T", e["study"]["window"])) if over else (lambda e: (e["study"]["clip"], e["study"]["kappa"]))
     xk = "iteration" if over else "window"
@@ -290,13 +284,9 @@ def variance_plot(data: dict[str, Any], path: Path) -> Path:
         ax.set_ylabel("summed gradient variance V", fontsize=8)
         e0 = es[0]["study"]
         ax.set_title(f"{e0['clip']}, kappa {e0['kappa']:g}" + (f", T {e0['window']}" if over else ""), fontsize=9)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
+        style_axis(ax)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def variance_markdown(data: dict[str, Any]) -> str:
@@ -339,7 +329,7 @@ def variance_markdown(data: dict[str, Any]) -> str:
 
 
 @dataclass(frozen=True)
-class StudyStiffness:
+class StudyStiffness(GridOptions):
     """Stiffness ablation (paper Q1): train one method at each contact stiffness kappa and seed, replay every policy
     in MuJoCo; falls and Δd per kappa (bar plots, Markdown, the paper's table beside ours)."""
 
@@ -351,26 +341,6 @@ class StudyStiffness:
     """Clip."""
     seeds: tuple[int, ...] = (0,)
     """Training seeds (the paper: 5 runs per kappa)."""
-    iterations: int = 1000
-    """Iterations per run (a cap when --budget-s is given)."""
-    budget_s: float | None = 40.0
-    """Training wall-clock budget per run [s] (None: --iterations alone)."""
-    preset: str = "cpu-small"
-    """Agent preset."""
-    shac_num_envs: int | None = None
-    """SHAC environments (None: the preset's)."""
-    ppo_num_envs: int | None = None
-    """PPO environments (None: the preset's)."""
-    eval_phases: int = 2
-    """Transfer: start phases per seed."""
-    eval_seeds: tuple[int, ...] = (0,)
-    """Transfer: seeds of the initial joint noise."""
-    eval_seconds: float | None = 3.0
-    """Transfer: longest episode [s] (None: to the clip's end)."""
-    workers: int | None = None
-    """Parallel jobs (1: in this process; default: min(jobs, CPUs) spawned worker processes)."""
-    ray_address: str | None = None
-    """Run the jobs as Ray tasks (auto, HOST:PORT or local)."""
     out: Path = Path("runs/study_stiffness")
     """Output folder: runs/, results.json, stiffness.md, study_stiffness.png."""
     report_only: bool = False
@@ -450,7 +420,7 @@ def stiffness_rows(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def stiffness_plot(rows: list[dict[str, Any]], path: Path) -> Path:
     """``study_stiffness.png``: bars per kappa of the fall rate (episodes), Δd and E_track in MuJoCo."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(10, 3.0))
     x = np.arange(len(rows))
     names = [f"{r['kappa']:g}" for r in rows]
@@ -464,12 +434,8 @@ def stiffness_plot(rows: list[dict[str, Any]], path: Path) -> Path:
     for ax in axes:
         ax.set_xticks(x, names)
         ax.set_xlabel("kappa [1/m]", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+        style_axis(ax, "y")
+    return save_figure(fig, path)
 
 
 def stiffness_markdown(rows: list[dict[str, Any]], motion: str, method: str, cfg: dict[str, Any]) -> str:
@@ -631,7 +597,7 @@ def sensitivity_plot(entries: list[dict[str, Any]], path: Path, window: int) -> 
     """``study_sensitivity.png``: per kappa, the branch sensitivities (dots) with their mean (the bundle, a line) and
     the nominal row (a cross); and the branches' state-gradient vectors on their first two principal components with
     the 95 % ellipse of a normal fit."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(len(entries), 2, figsize=(9, 3.0 * len(entries)), squeeze=False)
     for row, e in zip(axes, entries):
         b = np.array(e["branch"])
@@ -658,12 +624,8 @@ def sensitivity_plot(entries: list[dict[str, Any]], path: Path, window: int) -> 
         ax.set_title(f"kappa {e['kappa']:g}: state-gradient vectors d v_z / d(q, qd)", fontsize=9)
         ax.legend(fontsize=7)
         for a in row:
-            a.tick_params(labelsize=7)
-            a.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+            style_axis(a)
+    return save_figure(fig, path)
 
 
 STUDY_COMMANDS: dict[str, type] = {"variance": StudyVariance, "stiffness": StudyStiffness,
