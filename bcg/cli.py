@@ -208,28 +208,40 @@ def plot_motion(motion: Any, path: Path, render: bool = True) -> Path:
 
 @dataclass(frozen=True)
 class Bench:
-    """Simulator throughput: forward and forward+backward of 32-step rollouts, against MuJoCo's mj_step."""
+    """Simulator throughput and the ratios of issue 12: forward and forward+backward against MuJoCo's mj_step,
+    first / warm gradient rollout, 2 / 1 threads, env / bare simulator, memory kept with and without checkpointing."""
 
     device: str = "cpu"
     """Simulator device: cpu, cuda or cuda:K."""
-    sizes: tuple[int, ...] = (16, 64, 256)
-    """Numbers of parallel environments N to time."""
+    sizes: tuple[int, ...] | None = None
+    """Numbers of parallel environments N to time (default 16 64 256 on the CPU, 1024 4096 8192 on CUDA)."""
     steps: int = 32
     """Control steps per rollout (each 4 substeps of 5 ms)."""
     repeats: int = 3
-    """Best of this many timings."""
+    """Best of this many timings (and rounds of the alternating ratio timings)."""
     no_backward: bool = False
     """Skip the gradient rollouts."""
+    ratio_n: int = 64
+    """N of the ratios block (threads, checkpointing, env / bare simulator); 0 skips it (CPU only)."""
+    no_env: bool = False
+    """Skip the env / bare-simulator ratios."""
+    max_n: bool = False
+    """Also search the largest N whose gradient rollout fits (doubling from the last size; for GPUs)."""
+    torch_threads: int = 1
+    """torch intra-op threads during the benchmark."""
     json: Path | None = None
     """Also write the results to this JSON file."""
 
     def run(self) -> int:
         from bcg.evaluation.sim_throughput import main as bench_main
 
-        argv = ["--device", self.device, "--sizes", *map(str, self.sizes), "--steps", str(self.steps),
-                "--repeats", str(self.repeats)]
-        if self.no_backward:
-            argv.append("--no-backward")
+        argv = ["--device", self.device, "--steps", str(self.steps), "--repeats", str(self.repeats),
+                "--ratio-n", str(self.ratio_n), "--torch-threads", str(self.torch_threads)]
+        if self.sizes:
+            argv += ["--sizes", *map(str, self.sizes)]
+        for flag, on in (("--no-backward", self.no_backward), ("--no-env", self.no_env), ("--max-n", self.max_n)):
+            if on:
+                argv.append(flag)
         if self.json is not None:
             argv += ["--json", str(self.json)]
         bench_main(argv)

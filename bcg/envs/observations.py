@@ -20,12 +20,14 @@ reference part, for each of the ``K`` next reference frames (``3 + 6 + 6 nb + 3 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from bcg.motion.features import Features
 from bcg.motion.rotations import heading_inverse, tan_norm
 
-__all__ = ["observation_layout", "reference_observation", "robot_observation"]
+__all__ = ["ReferenceTable", "observation", "observation_layout", "reference_observation", "robot_observation"]
 
 
 def observation_layout(nb: int, nk: int, nj: int, ref_steps: int = 3) -> list[tuple[str, int]]:
@@ -90,3 +92,46 @@ def reference_observation(root_pos_w: torch.Tensor, Hi: torch.Tensor, ref_root_p
     key = (Hk[:, :, None] @ (ref_key_pos_w - root_pos_w[:, None, None])[..., None])[..., 0]  # [N, K, nk, 3]
     per = torch.cat([rel, rot, ref_body_rot6_refh.reshape(n, k, -1), key.reshape(n, k, -1)], -1)
     return per.reshape(n, -1)
+
+
+class ReferenceTable(NamedTuple):
+    """The per-frame reference quantities the observation reads, laid out so that a step gathers them with three
+    index operations (F frames, ``nb`` bodies, ``nk`` key points)."""
+
+    points_w: torch.Tensor
+    """[F, 1 + nk, 3] reference root position, then the key points, world frame [m]."""
+    root_rot_w: torch.Tensor
+    """[F, 3, 3] reference root orientation."""
+    body_rot6: torch.Tensor
+    """[F, 6 nb] reference body orientations in the reference's own heading frame (6-D each, flattened)."""
+
+    @staticmethod
+    def of(ref: Features) -> ReferenceTable:
+        """The table of reference features ``ref`` (one row per frame)."""
+        f = ref.root_pos_w.shape[0]
+        rot6 = tan_norm(heading_inverse(ref.root_rot_w)[:, None] @ ref.body_rot_w)
+        return ReferenceTable(torch.cat([ref.root_pos_w[:, None], ref.key_pos_w], 1), ref.root_rot_w,
+                              rot6.reshape(f, -1))
+
+
+def observation(f: Features, table: ReferenceTable, fut: torch.Tensor) -> torch.Tensor:
+    """The whole observation [N, D] (robot part, then the reference part of frames ``fut`` [N, K] long) in about
+    25 torch operations instead of the 45 of :func:`robot_observation` + :func:`reference_observation`, with the
+    same values bit for bit (the same products, batched: per-op overhead dominates an env step at small N).
+
+    The root's orientation is body 0's, the two root velocities go through one product with the heading, and the
+    robot's key points share one product with the reference root and key points.
+    """
+    n, k = fut.shape
+    nk = f.key_pos_w.shape[1]
+    Hi = heading_inverse(f.root_rot_w)
+    rot6 = tan_norm(Hi[:, None] @ f.body_rot_w)  # [N, nb, 6]; body 0 is the root
+    ang_w = (f.root_rot_w @ f.root_ang_vel_b[:, :, None])[..., 0]
+    vel = Hi @ torch.stack([f.root_lin_vel_w, ang_w], -1)  # [N, 3, 2]: linear, angular (heading frame)
+    pts = torch.cat([f.key_pos_w, table.points_w[fut].reshape(n, k * (1 + nk), 3)], 1)
+    rel = (Hi[:, None] @ (pts - f.root_pos_w[:, None])[..., None])[..., 0]  # [N, nk + K (1 + nk), 3]
+    ref_rel = rel[:, nk:].reshape(n, k, 1 + nk, 3)
+    ref_rot = tan_norm(Hi[:, None] @ table.root_rot_w[fut])  # [N, K, 6]
+    per = torch.cat([ref_rel[:, :, 0], ref_rot, table.body_rot6[fut], ref_rel[:, :, 1:].reshape(n, k, -1)], -1)
+    return torch.cat([f.root_pos_w[:, 2:3], rot6[:, 0], vel[..., 0], vel[..., 1], rot6.reshape(n, -1), f.joint_vel,
+                      rel[:, :nk].reshape(n, -1), per.reshape(n, -1)], -1)

@@ -42,13 +42,13 @@ from gymnasium.vector.utils import batch_space
 from bcg.envs.actions import ActionMap, default_action_scale
 from bcg.envs.config import EnvConfig, check_count
 from bcg.envs.grad_mask import RowGradMask
-from bcg.envs.observations import observation_layout, reference_observation, robot_observation
+from bcg.envs.observations import ReferenceTable, observation, observation_layout
 from bcg.envs.randomization import sample_physics, uniform
 from bcg.envs.rewards import StepContext, TrackingReward
 from bcg.envs.state import EnvState
 from bcg.envs.transition import TransitionFn, _hash32, hash_uniform, simulator_step
 from bcg.motion.features import FeatureFn, Features
-from bcg.motion.rotations import euler_to_quat_wxyz, heading_inverse, quat_mul_wxyz, tan_norm
+from bcg.motion.rotations import euler_to_quat_wxyz, quat_mul_wxyz
 from bcg.sim.physics import Physics, default_physics
 from bcg.sim.reference import ContactReport
 
@@ -156,13 +156,16 @@ class G1TrackingVectorEnv(VectorEnv):
             raise ValueError(f"action_scale must be finite and > 0 (scalar or [{nu}]), got {action_scale!r}")
         self.action_scale = torch.as_tensor(scale.copy(), **f32)
         self._actions = ActionMap(self.default_joint_pos, self.action_scale)
+        self.action_offset: str = cfg.action_offset
+        """"default" or "reference": what a zero action holds (see EnvConfig.action_offset)."""
 
         self._features = FeatureFn(m, torch.float32, dev)
         self._sphere_body = torch.as_tensor(m.sphere_body, device=dev)
         self._sphere_pos = torch.as_tensor(m.sphere_pos, **f32)
         self._sphere_radius = torch.as_tensor(m.sphere_radius, **f32)
         self._ref: Features = self.motion.features  # reference features at every frame (the same FeatureFn)
-        self._ref_rot6 = tan_norm(heading_inverse(self._ref.root_rot_w)[:, None] @ self._ref.body_rot_w)
+        self._ref_table = ReferenceTable.of(self._ref)
+        self._future = torch.arange(1, int(cfg.ref_steps) + 1, device=dev)  # frame offsets of the reference part
         self._ref_qpos = self.motion.qpos.to(dev, torch.float32)
         self.num_frames = self.motion.num_frames
 
@@ -296,18 +299,29 @@ class G1TrackingVectorEnv(VectorEnv):
 
     # ------------------------------------------------------------------------------------------------ actions
 
+    def _target_base(self, joint_offset: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
+        """Offset [N, 29] [rad] added to q_default in the action map: the default-pose offsets, plus, with
+        ``action_offset="reference"``, the reference joint positions at motion frames ``frame`` [N] minus q_default."""
+        if self.action_offset == "default":
+            return joint_offset
+        ref_joints = self._ref_qpos[frame.clamp(0, self.num_frames - 1), 7:]
+        return joint_offset + (ref_joints - self.default_joint_pos)
+
     def action_to_target(self, actions: torch.Tensor, joint_offset: torch.Tensor | None = None) -> torch.Tensor:
-        """PD joint targets [N, 29] [rad] of actions [N, 29]: q_default + offset + s_a tanh(a) (differentiable).
+        """PD joint targets [N, 29] [rad] that actions [N, 29] give in the current state (differentiable):
+        q_default + offset + s_a tanh(a), or with ``action_offset="reference"`` q_ref(t+1) + offset + s_a tanh(a),
+        the reference at the frame the next step lands on.
 
         ``joint_offset`` defaults to the current state's (domain randomisation; zeros when off)."""
         offset = self._state.joint_offset if joint_offset is None else joint_offset
-        return self._actions.to_target(actions, offset)
+        return self._actions.to_target(actions, self._target_base(offset, self._state.frame + 1))
 
     def target_to_action(self, joint_targets: torch.Tensor, joint_offset: torch.Tensor | None = None) -> torch.Tensor:
-        """Actions [N, 29] whose PD targets are ``joint_targets`` [N, 29] [rad] (inverse of :meth:`action_to_target`;
-        every target inside the joint ranges maps to |a| < 1 with the default action scale)."""
+        """Actions [N, 29] whose PD targets in the current state are ``joint_targets`` [N, 29] [rad] (inverse of
+        :meth:`action_to_target`; every target inside the joint ranges maps to |a| < 1 with the default action
+        scale and offset)."""
         offset = self._state.joint_offset if joint_offset is None else joint_offset
-        return self._actions.to_action(joint_targets, offset)
+        return self._actions.to_action(joint_targets, self._target_base(offset, self._state.frame + 1))
 
     # ------------------------------------------------------------------------------------------------ resets
 
@@ -361,7 +375,7 @@ class G1TrackingVectorEnv(VectorEnv):
             base = Physics(*(t[s.env_id[idx]] for t in self._default_physics))
             physics = sample_physics(base, dr, g) if dr.physics_active else base
         # the previous action reproduces the reference pose, so a policy that tracks it pays no action-rate cost
-        prev = self._actions.to_action(ref.joint_pos, offset)
+        prev = self._actions.to_action(ref.joint_pos, self._target_base(offset, frame))
         rows = EnvState(q=q, qd=qd, frame=frame, episode_steps=torch.zeros_like(frame), prev_actions=prev,
                         delayed_actions=prev, joint_offset=offset, latency=lat, push_countdown=countdown,
                         push_vel=push_vel, rng_key=keys, env_id=s.env_id[idx], physics=physics)
@@ -378,21 +392,21 @@ class G1TrackingVectorEnv(VectorEnv):
         max_speed, max_pos = _sim_bounds()
         with torch.no_grad():
             q, qd = s.q.detach(), s.qd.detach()
-            ok = torch.isfinite(q).all(1) & torch.isfinite(qd).all(1)
-            ok &= (q.abs().amax(1) <= self.state_limit) & (q[:, 0:3].abs().amax(1) <= max_pos)
+            # NaN and inf fail a comparison with a finite bound (amax propagates NaN), so the bounds below check
+            # finiteness too; an explicit test is only needed when state_limit itself is infinite
+            qa = q.abs()
+            ok = (qa.amax(1) <= self.state_limit) & (qa[:, 0:3].amax(1) <= max_pos)
             ok &= q[:, 3:7].norm(dim=1) >= 1e-6
             ok &= qd.abs().amax(1) <= min(self.state_limit, max_speed)
+            if not math.isfinite(self.state_limit):
+                ok &= torch.isfinite(q).all(1)
             return ~ok
 
     # ------------------------------------------------------------------------------------------------ observation
 
     def _observe(self, sim: Features, frame: torch.Tensor) -> torch.Tensor:
-        obs_r, Hi = robot_observation(sim)
-        fut = torch.stack([frame + k for k in range(1, self.ref_steps + 1)], 1).clamp(max=self.num_frames - 1)
-        ref = self._ref
-        obs_ref = reference_observation(sim.root_pos_w, Hi, ref.root_pos_w[fut], ref.root_rot_w[fut],
-                                        self._ref_rot6[fut], ref.key_pos_w[fut])
-        return torch.cat([obs_r, obs_ref], -1)
+        fut = (frame[:, None] + self._future).clamp(max=self.num_frames - 1)
+        return observation(sim, self._ref_table, fut)
 
     @property
     def _noise_on(self) -> bool:
@@ -429,7 +443,7 @@ class G1TrackingVectorEnv(VectorEnv):
                              f"{list(actions.shape)}")
         # action latency: an environment with latency applies the previous step's action
         applied = torch.where(s.latency[:, None], s.delayed_actions, actions)
-        targets = self._actions.to_target(applied, s.joint_offset)
+        targets = self._actions.to_target(applied, self._target_base(s.joint_offset, s.frame + 1))
 
         q0, qd0 = s.q, s.qd
         countdown, push_vel = s.push_countdown, s.push_vel

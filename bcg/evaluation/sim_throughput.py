@@ -1,19 +1,30 @@
-"""Simulator throughput: forward and forward+backward of a 32-control-step rollout against MuJoCo's mj_step.
+"""Simulator throughput (``bcg bench``): the ratios of issue 12, each measured in one run on one machine.
 
-Measured in one run, on one machine:
+Per N (``--sizes``), a rollout is 32 control steps x 4 substeps from the standing pose with noisy PD targets:
 
-* ``fwd``: a 32 x 4-substep rollout of N environments without gradients (no tape);
-* ``fwd+bwd``: the same rollout with gradients (one Warp tape per control step) plus ``backward()`` of a loss
-  on the final state to the PD targets of every step;
-* ``mem``: bytes of Warp arrays the gradient rollout keeps alive (values and gradients), and the process' peak
-  resident memory;
+* ``fwd``: the rollout without gradients; ``fwd+bwd``: with gradients, plus ``backward()`` of a loss on the final
+  state to the targets of every step; ``first`` is the first gradient rollout at that N in this process (fresh
+  array pool), the others are the best of ``--repeats``;
 * ``mujoco``: C MuJoCo ``mj_step`` on the same MJCF with a floor, same h, N x 32 x 4 steps, one environment after
-  the other (single thread); ``fwd/mj`` is our forward time over MuJoCo's.
+  the other (single thread); ``fwd/mj`` and ``(fwd+bwd)/mj`` are our times over MuJoCo's;
+* ``kept``: bytes held for the backward at the end of the forward (Warp arrays and gradients; with
+  ``checkpoint`` only the step inputs), and the process' peak resident memory.
+
+Then the ratios block at ``--ratio-n`` (default 64), every pair timed alternately in the same run:
+
+* threads: 2 / 1 thread (``bcg.sim.execution``) forward and forward + backward (goal >= 1.8);
+* checkpointing: kept bytes and time of a checkpointed gradient rollout against the stored-forward one;
+* env / bare sim: env steps per second of :class:`bcg.envs.G1TrackingVectorEnv` over those of the bare
+  :func:`bcg.sim.step` loop, without gradients and with a backward every step (goal >= 0.8).
+
+On CUDA (``--device cuda``) the sizes default to 1024, 4096 and 8192, rates are also printed as substeps per second
+(environments x substeps / s), and ``--max-n`` doubles N until an allocation fails, for the stored and the
+checkpointed gradient rollout.
 
 Usage (``benchmarks/sim_throughput.py`` and ``bcg bench`` call this module)::
 
-    bcg bench                                                 # N = 16, 64, 256 on the CPU
-    python benchmarks/sim_throughput.py --device cuda --sizes 64 256 1024 4096
+    bcg bench                                   # CPU: N = 16, 64, 256, ratios at N = 64
+    bcg bench --device cuda --max-n             # GPU: N = 1024, 4096, 8192 and the largest N that fits
 """
 
 from __future__ import annotations
@@ -23,17 +34,34 @@ import json
 import resource
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
+__all__ = ["env_rate", "main", "rollout_time", "sim_rate"]
 
-def _rollout(model, n: int, steps: int, grad: bool) -> tuple[float, int]:
+
+def _device(model) -> torch.device:
+    return torch.device("cuda:0" if model.device == "cuda" else model.device)
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def rollout_time(model, n: int, steps: int, grad: bool, **options: object) -> tuple[float, int]:
+    """Seconds of one rollout of ``n`` environments x ``steps`` control steps (with ``grad``: forward with
+    gradients and the backward of a loss on the final state) under :mod:`bcg.sim.execution` ``options``; and the
+    bytes kept for the backward at the end of the forward."""
     from bcg.robots import g1
     from bcg.sim import step
+    from bcg.sim.bridge import kept_bytes
+    from bcg.sim.execution import execution_options_set
 
-    dev = torch.device("cuda:0" if model.device == "cuda" else model.device)
+    dev = _device(model)
     gen = torch.Generator().manual_seed(0)
     q = torch.tensor(g1.default_qpos(), dtype=torch.float32)[None].repeat(n, 1).to(dev)
     qd = torch.zeros(n, model.nv, device=dev)
@@ -41,28 +69,82 @@ def _rollout(model, n: int, steps: int, grad: bool) -> tuple[float, int]:
     targets = (base[None, None] + 0.05 * torch.randn(n, steps, model.nu, generator=gen)).to(dev)
     if grad:
         targets.requires_grad_(True)
-    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    sync()
-    t0 = time.perf_counter()
-    with torch.set_grad_enabled(grad):
-        for t in range(steps):
-            q, qd, _ = step(model, q, qd, targets[:, t])
+    kept = 0
+    with execution_options_set(**options):
+        _sync(dev)
+        t0 = time.perf_counter()
+        with torch.set_grad_enabled(grad):
+            for t in range(steps):
+                q, qd, _ = step(model, q, qd, targets[:, t])
+            if grad:
+                kept = kept_bytes()[0]
+                (q[:, 2].sum() + q[:, 7:].sum()).backward()
+        _sync(dev)
+    return time.perf_counter() - t0, kept
+
+
+def sim_rate(model, n: int, steps: int, grad: bool, repeats: int, **options: object) -> float:
+    """Control steps per second (x N environments) of the bare :func:`bcg.sim.step` loop the vector env runs:
+    with ``grad``, a backward of a loss on each step's outputs after every step (a differentiable window of one
+    step, as the env benchmark does)."""
+    from bcg.robots import g1
+    from bcg.sim import step
+    from bcg.sim.execution import execution_options_set
+
+    dev = _device(model)
+    q0 = torch.tensor(g1.default_qpos(), dtype=torch.float32)[None].repeat(n, 1).to(dev)
+    base = torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(0)
+    state = {"q": q0, "qd": torch.zeros(n, model.nv, device=dev)}
+
+    def one() -> None:
+        targets = (base + 0.05 * torch.randn(n, model.nu, generator=gen, device=dev)).requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            q, qd, c = step(model, state["q"], state["qd"], targets)
+            if grad:
+                (q[:, 2].sum() + qd.sum() + c.impulse.sum()).backward()
+        state["q"], state["qd"] = q.detach(), qd.detach()
+
+    with execution_options_set(**options):
+        return n * steps / _best(one, steps, repeats, dev)
+
+
+def env_rate(n: int, steps: int, grad: bool, repeats: int, device: str = "cpu", motion: str = "run",
+             **options: object) -> float:
+    """Environment steps per second of :class:`bcg.envs.G1TrackingVectorEnv` (random actions of scale 0.1; with
+    ``grad``, ``differentiable=True`` and a backward of the reward sum after every step, the graph cut each step)."""
+    from bcg.envs.vector_env import G1TrackingVectorEnv
+    from bcg.sim.execution import execution_options_set
+
+    env = G1TrackingVectorEnv(n, motion, differentiable=grad, device=device)
+    env.reset(seed=0)
+    dev = torch.device(device)
+    g = torch.Generator(device=dev).manual_seed(0)
+
+    def one() -> None:
+        a = (torch.randn(n, 29, generator=g, device=dev) * 0.1).requires_grad_(grad)
+        _, rew, *_ = env.step(a)
         if grad:
-            (q[:, 2].sum() + q[:, 7:].sum()).backward()
-    sync()
-    return time.perf_counter() - t0, 0
+            rew.sum().backward()
+            env.detach()
+
+    with execution_options_set(**options):
+        return n * steps / _best(one, steps, repeats, dev)
 
 
-def _step_bytes(model, n: int) -> int:
-    from bcg.sim.engine import StepArrays
-
-    arrs = StepArrays(model, n, requires_grad=True)
-    total = 0
-    for a in arrs.q + arrs.qd + [arrs.targets, arrs.impulse, arrs.depth]:
-        total += 2 * a.capacity
-    for s in arrs.sub:
-        total += sum(2 * a.capacity for a in s.values())
-    return total
+def _best(fn: Callable[[], None], steps: int, repeats: int, dev: torch.device, warmup: int = 2) -> float:
+    """Seconds of ``steps`` calls of ``fn``: the best of ``repeats`` blocks (other processes only slow a block)."""
+    for _ in range(warmup):
+        fn()
+    best = float("inf")
+    for _ in range(max(1, repeats)):
+        _sync(dev)
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        _sync(dev)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 def _mujoco_time(n: int, steps: int, substeps: int, dt: float) -> float:
@@ -82,41 +164,132 @@ def _mujoco_time(n: int, steps: int, substeps: int, dt: float) -> float:
     return time.perf_counter() - t0
 
 
+def _alternate(fns: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """Best (smallest) value of each timing function over ``rounds`` alternating rounds."""
+    best = {k: float("inf") for k in fns}
+    for _ in range(max(1, rounds)):
+        for k, fn in fns.items():
+            best[k] = min(best[k], fn())
+    return best
+
+
+def _max_n(model, steps: int, checkpoint: bool, start: int, limit: int) -> int:
+    """Largest N (doubling from ``start``) whose gradient rollout of ``steps`` steps runs; 0 if none does."""
+    from bcg.sim.engine import clear_pool
+
+    ok, n = 0, start
+    while n <= limit:
+        try:
+            rollout_time(model, n, steps, grad=True, checkpoint=checkpoint)
+        except (RuntimeError, MemoryError) as exc:  # Warp and torch report an allocation failure as RuntimeError
+            print(f"#   N = {n}: {type(exc).__name__}: {str(exc).splitlines()[0][:100]}", flush=True)
+            break
+        finally:
+            clear_pool(model)
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        ok, n = n, 2 * n
+    return ok
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256])
+    parser.add_argument("--sizes", type=int, nargs="+", default=None,
+                        help="numbers of environments (default 16 64 256 on the CPU, 1024 4096 8192 on CUDA)")
     parser.add_argument("--steps", type=int, default=32, help="control steps per rollout")
     parser.add_argument("--repeats", type=int, default=3, help="best of this many timings")
     parser.add_argument("--no-backward", action="store_true", help="skip the gradient rollouts")
+    parser.add_argument("--ratio-n", type=int, default=64, help="N of the ratios block (0: skip it)")
+    parser.add_argument("--no-env", action="store_true", help="skip the env / bare-simulator ratios")
+    parser.add_argument("--max-n", action="store_true", help="search the largest N whose gradient rollout fits")
+    parser.add_argument("--max-n-limit", type=int, default=2**20, help="stop the --max-n search here")
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="torch intra-op threads (1: the env's small ops do not spin on a second core that the "
+                             "simulator's threads use)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, args.torch_threads))
 
     from bcg.sim import load_model
+    from bcg.sim.execution import available_cores, execution_options
 
+    cuda = args.device.startswith("cuda")
+    sizes = args.sizes or ([1024, 4096, 8192] if cuda else [16, 64, 256])
     model = load_model(device=args.device)
     p = model.params
+    sub = args.steps * p.substeps
+    opts = execution_options()
     print(f"# bcg simulator throughput: {args.steps} control steps x {p.substeps} substeps (h = {p.dt * 1e3:.1f} ms), "
-          f"device {args.device}, torch threads {torch.get_num_threads()}", flush=True)
-    _rollout(model, 2, 2, grad=True)  # compile / load kernels outside the timings
-    header = (f"{'N':>6} {'fwd [s]':>9} {'fwd+bwd [s]':>12} {'ms/substep fwd':>15} {'arrays [MiB]':>13} "
-              f"{'peak RSS [GiB]':>15} {'mujoco [s]':>11} {'fwd/mj':>7}")
-    print(header)
+          f"device {args.device}, torch threads {torch.get_num_threads()}, sim threads "
+          f"{opts.threads or f'auto ({available_cores()} cores)'}, checkpoint {opts.checkpoint}", flush=True)
+    rollout_time(model, 2, 2, grad=True)  # load the kernels outside the timings
+    print(f"{'N':>6} {'fwd [s]':>8} {'fwd+bwd [s]':>11} {'first [s]':>9} {'first/warm':>10} {'kept [MiB]':>10} "
+          f"{'RSS [GiB]':>9} {'mujoco [s]':>10} {'fwd/mj':>6} {'(f+b)/mj':>8} {'fwd substeps/s':>14} "
+          f"{'f+b substeps/s':>14}")
     results = []
-    for n in args.sizes:
-        fwd = min(_rollout(model, n, args.steps, grad=False)[0] for _ in range(args.repeats))
-        both = float("nan")
+    for n in sizes:
+        nan = float("nan")
+        first, both, kept = nan, nan, 0
         if not args.no_backward:
-            both = min(_rollout(model, n, args.steps, grad=True)[0] for _ in range(args.repeats))
-        mem = _step_bytes(model, n) * args.steps / 2**20
+            first, kept = rollout_time(model, n, args.steps, grad=True)
+        fwd = min(rollout_time(model, n, args.steps, grad=False)[0] for _ in range(args.repeats))
+        if not args.no_backward:
+            both = min(rollout_time(model, n, args.steps, grad=True)[0] for _ in range(args.repeats))
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        mj = _mujoco_time(n, args.steps, p.substeps, p.dt)
-        row = dict(n=n, fwd_s=fwd, fwd_bwd_s=both, ms_per_substep=fwd / (args.steps * p.substeps) * 1e3,
-                   arrays_mib=mem, peak_rss_gib=rss, mujoco_s=mj, ratio_fwd_mujoco=fwd / mj)
+        mj = _mujoco_time(n, args.steps, p.substeps, p.dt) if not cuda or n <= 1024 else nan
+        row = dict(n=n, fwd_s=fwd, fwd_bwd_s=both, first_fwd_bwd_s=first, first_over_warm=first / both,
+                   kept_mib=kept / 2**20, peak_rss_gib=rss, mujoco_s=mj, fwd_over_mujoco=fwd / mj,
+                   fwd_bwd_over_mujoco=both / mj, fwd_substeps_per_s=n * sub / fwd,
+                   fwd_bwd_substeps_per_s=n * sub / both)
         results.append(row)
-        print(f"{n:>6} {fwd:>9.3f} {both:>12.3f} {row['ms_per_substep']:>15.3f} {mem:>13.0f} {rss:>15.2f} "
-              f"{mj:>11.3f} {fwd / mj:>7.2f}", flush=True)
-    out = dict(device=args.device, steps=args.steps, substeps=p.substeps, dt=p.dt, results=results)
+        print(f"{n:>6} {fwd:>8.3f} {both:>11.3f} {first:>9.3f} {first / both:>10.2f} {kept / 2**20:>10.0f} "
+              f"{rss:>9.2f} {mj:>10.3f} {fwd / mj:>6.2f} {both / mj:>8.2f} {n * sub / fwd:>14.3g} "
+              f"{n * sub / both:>14.3g}", flush=True)
+    out: dict = dict(device=args.device, steps=args.steps, substeps=p.substeps, dt=p.dt, results=results)
+
+    n = args.ratio_n
+    if n and not cuda:
+        r = {}
+        print(f"\n# ratios at N = {n} (pairs timed alternately, best of {args.repeats} rounds; goals of issue 12 in "
+              "brackets)", flush=True)
+        t = _alternate({"1": lambda: rollout_time(model, n, args.steps, False, threads=1)[0],
+                        "2": lambda: rollout_time(model, n, args.steps, False, threads=2)[0]}, args.repeats)
+        r["threads_fwd"] = t["1"] / t["2"]
+        print(f"forward, 2 threads / 1 thread (throughput)            {r['threads_fwd']:6.2f}   [>= 1.8]")
+        if not args.no_backward:
+            t = _alternate({"1": lambda: rollout_time(model, n, args.steps, True, threads=1)[0],
+                            "2": lambda: rollout_time(model, n, args.steps, True, threads=2)[0]}, args.repeats)
+            r["threads_fwd_bwd"] = t["1"] / t["2"]
+            print(f"forward + backward, 2 threads / 1 thread (throughput) {r['threads_fwd_bwd']:6.2f}   [>= 1.8]")
+            stored = rollout_time(model, n, args.steps, True, checkpoint=False)
+            ckpt = rollout_time(model, n, args.steps, True, checkpoint=True)
+            t = _alternate({"s": lambda: rollout_time(model, n, args.steps, True, checkpoint=False)[0],
+                            "c": lambda: rollout_time(model, n, args.steps, True, checkpoint=True)[0]}, args.repeats)
+            r.update(kept_stored_mib=stored[1] / 2**20, kept_checkpoint_mib=ckpt[1] / 2**20,
+                     checkpoint_time_ratio=t["c"] / t["s"])
+            print(f"kept for backward, {n} x {args.steps} steps: stored forward {r['kept_stored_mib']:.0f} MiB, "
+                  f"checkpointed {r['kept_checkpoint_mib']:.2f} MiB   [<= 350 MiB]; checkpointed / stored time "
+                  f"{r['checkpoint_time_ratio']:.2f}")
+        if not args.no_env:
+            steps = 10
+            for grad in (False, True):
+                if grad and args.no_backward:
+                    continue
+                t = _alternate({"env": lambda g=grad: -env_rate(n, steps, g, 1, args.device),
+                                "sim": lambda g=grad: -sim_rate(model, n, steps, g, 1)}, args.repeats)
+                key = "env_over_sim_grad" if grad else "env_over_sim"
+                r[key] = t["env"] / t["sim"]
+                r[key + "_rates"] = (-t["env"], -t["sim"])
+                print(f"env / bare sim {'with a backward per step' if grad else 'without gradients      '}   "
+                      f"{r[key]:6.2f}   [>= 0.8]  ({-t['env']:.0f} / {-t['sim']:.0f} env steps/s)", flush=True)
+        out["ratios"] = r
+    if args.max_n and not args.no_backward:
+        start = sizes[-1]
+        mx = {c: _max_n(model, args.steps, c, start, args.max_n_limit) for c in (False, True)}
+        out["max_n"] = {"stored": mx[False], "checkpoint": mx[True]}
+        print(f"\nlargest N whose {args.steps}-step gradient rollout fits (doubling from {start}): stored forward "
+              f"{mx[False]}, checkpointed {mx[True]}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
     return out

@@ -1,24 +1,37 @@
 """torch-facing functions of the simulator: a differentiable control step and the dynamics terms.
 
-Each :func:`step` call with gradients records its own ``wp.Tape`` over freshly allocated, write-once arrays, and a
-``torch.autograd.Function`` replays that tape in its backward pass. Without gradients (``torch.no_grad()`` or
-inputs that do not require grad) no tape is recorded and the scratch arrays are reused.
+Each :func:`step` call with gradients runs on its own write-once arrays (pooled, so a rollout reuses them), and a
+``torch.autograd.Function`` replays the adjoints of its launches in its backward pass: the launches ``wp.Tape``
+would record, packed once per pooled array set. Without gradients (``torch.no_grad()`` or inputs that do not
+require grad) the scratch arrays are reused. :mod:`bcg.sim.execution` chooses how a step runs: its batch split
+over CPU threads (default: every core), and checkpointing (the forward recomputed inside the backward, so a
+step keeps only its inputs). Results are bit-identical whatever the options.
 """
 
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 
 import torch
 import warp as wp
 
-from bcg.sim.engine import StepArrays, allocate_step, release_step, run_control_step, run_dynamics_terms
+from bcg.sim.engine import (
+    StepArrays,
+    allocate_step,
+    model_arrays,
+    release_step,
+    run_control_step,
+    run_dynamics_terms,
+    substep_launches,
+)
+from bcg.sim.execution import ExecutionOptions, execution_options, parallel, split_rows, thread_count
 from bcg.sim.model import MAX_SPEED, SimModel
 from bcg.sim.physics import Physics, check_physics
 from bcg.sim.reference import ContactReport
 
-__all__ = ["MAX_ROOT_POSITION", "step", "mass_matrix", "bias_forces", "ContactReport"]
+__all__ = ["MAX_ROOT_POSITION", "step", "mass_matrix", "bias_forces", "kept_bytes", "ContactReport"]
 
 
 def _torch_device(model: SimModel) -> torch.device:
@@ -118,47 +131,142 @@ def _load_inputs(arrs: StepArrays, q: torch.Tensor, qd: torch.Tensor, targets: t
             wp.copy(dst, wp.from_torch(src, dtype=_VEC_FIELDS.get(name, wp.float32)))
 
 
+def _rows(physics: Physics | None, rows: slice) -> Physics | None:
+    return None if physics is None else Physics(*(t[rows] for t in physics))
+
+
+def _block_arrays(model: SimModel, index: int, n: int, grad: bool, per_env_physics: bool) -> StepArrays:
+    """Arrays of row block ``index`` (``n`` rows) of a step. With gradients: a set of its own (pooled by the
+    engine). Without: a reused workspace per block (the engine caches one per size, and two equal blocks running at
+    once need two)."""
+    if grad or index == 0:
+        return allocate_step(model, n, requires_grad=grad, per_env_physics=per_env_physics)
+    model_arrays(model)
+    spaces = model.warp.__dict__.setdefault("block_workspaces", {})
+    key = (index, n, per_env_physics)
+    arrs = spaces.get(key)
+    if arrs is None:
+        arrs = spaces[key] = StepArrays(model, n, requires_grad=False, per_env_physics=per_env_physics)
+    else:
+        arrs.reset_for_reuse()
+    return arrs
+
+
+def _record(model: SimModel, arrs: StepArrays) -> tuple[list, list]:
+    """The forward launches of a gradient step's arrays and their adjoints in reverse order, packed once per array
+    set (pooled sets are reused, so the packing is paid once, not per step): the same kernels and arguments
+    ``wp.Tape`` records and replays, without its per-launch argument packing."""
+    cached = getattr(arrs, "bcg_commands", None)
+    if cached is not None:
+        return cached
+    adjoint = wp.Tape().get_adjoint  # Warp's own rule for the adjoint argument of each kernel argument
+    fwd, bwd = [], []
+    for k in range(model.params.substeps):
+        for launch in substep_launches(model, arrs, k):
+            kw = dict(dim=arrs.n, inputs=launch.inputs, outputs=launch.outputs, device=model.device, record_cmd=True)
+            fwd.append(wp.launch(launch.kernel, **kw))
+            bwd.append(wp.launch(launch.kernel, adj_inputs=[adjoint(a) for a in launch.inputs],
+                                 adj_outputs=[adjoint(a) for a in launch.outputs], adjoint=True, **kw))
+    arrs.bcg_commands = (fwd, bwd[::-1])
+    return arrs.bcg_commands
+
+
+def _forward_with_grad(model: SimModel, arrs: StepArrays) -> None:
+    for cmd in _record(model, arrs)[0]:
+        cmd.launch()
+
+
+def _backward(model: SimModel, arrs: StepArrays, g_q: torch.Tensor, g_qd: torch.Tensor, g_imp: torch.Tensor
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Adjoint of the recorded forward of ``arrs`` for incoming gradients of (q[S], qd[S], impulse); returns the
+    gradients of (q[0], qd[0], targets) (fresh tensors; the arrays go back to the pool)."""
+    S = model.params.substeps
+    for a, g in ((arrs.q[S], g_q), (arrs.qd[S], g_qd), (arrs.impulse, g_imp)):
+        wp.copy(a.grad, wp.from_torch(g.contiguous()))
+    for cmd in _record(model, arrs)[1]:
+        cmd.launch()
+    out = tuple(wp.to_torch(a.grad).clone() for a in (arrs.q[0], arrs.qd[0], arrs.targets))
+    release_step(model, arrs)
+    return out  # type: ignore[return-value]
+
+
+_kept = {"bytes": 0, "peak": 0}
+
+
+def kept_bytes(reset_peak: bool = False) -> tuple[int, int]:
+    """``(now, peak)``: bytes held for backward passes still to come by :func:`step` calls (Warp arrays and their
+    gradients of stored-forward steps; the saved input tensors of checkpointed ones). ``reset_peak`` restarts the
+    peak at the current value (call it before a rollout to measure that rollout)."""
+    if reset_peak:
+        _kept["peak"] = _kept["bytes"]
+    return _kept["bytes"], _kept["peak"]
+
+
+def _keep(nbytes: int) -> None:
+    _kept["bytes"] += nbytes
+    _kept["peak"] = max(_kept["peak"], _kept["bytes"])
+
+
 class _WarpControlStep(torch.autograd.Function):
+    """One control step over row blocks (threads) of the batch; see :mod:`bcg.sim.execution` for the options."""
+
     @staticmethod
     def forward(ctx, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,  # type: ignore[override]
-                physics: Physics | None):
+                physics: Physics | None, options: ExecutionOptions):
         grad = any(ctx.needs_input_grad[1:4])
-        arrs = allocate_step(model, q.shape[0], requires_grad=grad, per_env_physics=physics is not None)
+        keep = grad and not options.checkpoint  # stored forward: the arrays live until the backward
+        blocks = split_rows(q.shape[0], thread_count(options, q.shape[0], model.device))
+        arrs = [_block_arrays(model, i, b.stop - b.start, keep, physics is not None) for i, b in enumerate(blocks)]
+        S = model.params.substeps
         with _warp_stream(model):
-            _load_inputs(arrs, q, qd, targets, physics)
-            if grad:
-                tape = wp.Tape()
-                with tape:
-                    run_control_step(model, arrs)
-                ctx.tape, ctx.arrs, ctx.model = tape, arrs, model
-            else:
-                run_control_step(model, arrs)
-            S = model.params.substeps
-            outs = [wp.to_torch(a).clone() for a in (arrs.q[S], arrs.qd[S], arrs.impulse, arrs.depth)]
+            for a, b in zip(arrs, blocks, strict=True):
+                _load_inputs(a, q[b], qd[b], targets[b], _rows(physics, b))
+            run = _forward_with_grad if keep else run_control_step
+            parallel([lambda a=a: run(model, a) for a in arrs])
+            outs = [torch.cat([wp.to_torch(x) for x in col]) for col in
+                    zip(*[(a.q[S], a.qd[S], a.impulse, a.depth) for a in arrs], strict=True)]
+        if grad:
+            ctx.model, ctx.blocks, ctx.done = model, blocks, False
+            if keep:
+                ctx.arrs = arrs
+                ctx.kept = sum(a.nbytes for a in arrs)
+            else:  # checkpoint: only the inputs stay (detached copies: the caller may change its tensors)
+                ctx.inputs = (q.detach().clone(), qd.detach().clone(), targets.detach().clone(),
+                              None if physics is None else Physics(*(t.detach().clone() for t in physics)))
+                ctx.arrs = None
+                ctx.kept = sum(t.numel() * t.element_size() for t in ctx.inputs[:3])
+                ctx.kept += 0 if physics is None else sum(t.numel() * t.element_size() for t in physics)
+            _keep(ctx.kept)
+            # a graph dropped without a backward frees what it kept too: count that as given back
+            ctx.release = weakref.finalize(ctx, _keep, -ctx.kept)
         ctx.mark_non_differentiable(outs[3])
         return tuple(outs)
 
     @staticmethod
     def backward(ctx, g_q: torch.Tensor, g_qd: torch.Tensor, g_imp: torch.Tensor, _g_depth: torch.Tensor):  # type: ignore[override]
-        tape = getattr(ctx, "tape", None)
-        if tape is None:
+        if getattr(ctx, "done", True):
             raise RuntimeError("bcg.sim.step: backward called twice through the same step (retain_graph is not "
                                "supported by the Warp tape)")
-        arrs, model = ctx.arrs, ctx.model
-        S = model.params.substeps
-        with _warp_stream(model):
-            grads = {
-                arrs.q[S]: wp.from_torch(g_q.contiguous()),
-                arrs.qd[S]: wp.from_torch(g_qd.contiguous()),
-                arrs.impulse: wp.from_torch(g_imp.contiguous()),
-            }
-            tape.backward(grads=grads)
-            # the arrays die with this step, so their gradients need no zeroing afterwards
-            out = tuple(wp.to_torch(a.grad).clone() for a in (arrs.q[0], arrs.qd[0], arrs.targets))
-        ctx.tape = None
+        ctx.done = True
+        ctx.release()
+        model, blocks = ctx.model, ctx.blocks
+        arrs = ctx.arrs
         ctx.arrs = None
-        release_step(model, arrs)
-        return (None, *out, None)
+
+        def block(i: int, b: slice):
+            a = arrs[i] if arrs is not None else None
+            if a is None:  # checkpoint: re-run this block's forward with gradients, then its adjoint
+                q, qd, targets, physics = ctx.inputs
+                a = allocate_step(model, b.stop - b.start, requires_grad=True, per_env_physics=physics is not None)
+                _load_inputs(a, q[b], qd[b], targets[b], _rows(physics, b))
+                _forward_with_grad(model, a)
+            return _backward(model, a, g_q[b], g_qd[b], g_imp[b])
+
+        with _warp_stream(model):
+            parts = parallel([lambda i=i, b=b: block(i, b) for i, b in enumerate(blocks)])
+        ctx.inputs = None
+        out = tuple(torch.cat([p[j] for p in parts]) for j in range(3))
+        return (None, *out, None, None)
 
 
 def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor, physics: Physics | None = None
@@ -193,7 +301,8 @@ def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tens
     if n == 0:
         return _empty_step(model, q, qd, targets)
     _check_values(q, qd, targets, max_speed=True)
-    q_next, qd_next, impulses, depth = _WarpControlStep.apply(model, q, qd, targets, physics)
+    q_next, qd_next, impulses, depth = _WarpControlStep.apply(model, q, qd, targets, physics,
+                                                              execution_options())
     report = ContactReport(
         impulse=impulses.sum(1),
         peak_force=impulses.amax(1) / model.params.dt,
