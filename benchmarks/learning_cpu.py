@@ -1,19 +1,21 @@
-"""Learning on the CPU: mean tracking error against environment samples and wall-clock for SHAC+BCG, SHAC (bptt)
-and PPO on the jump clip with the cpu-small preset, several seeds each, in one run.
+"""Learning on the CPU: the deterministic policy's tracking error against environment samples and wall-clock for
+SHAC+BCG, SHAC (bptt) and PPO on one clip (default jump) with the cpu-small preset, several seeds each, in one run.
 
 Every (method, seed) is one ``bcg train`` run (a subprocess, so that the runs do not share torch state) with the same
 wall-clock budget; the script then reads the runs' ``metrics.csv`` and prints
 
-* per method: iterations, samples and wall time reached, the start and final tracking error (mean of the first /
-  last iterations' rollout errors, then over seeds) and the same for the per-step reward;
-* the environment samples each method needs to reach the tracking error PPO ends with (first iteration at which the
-  moving average of the run's tracking error is at or below that value; per seed);
+* per method: iterations, samples and wall time reached; E_track and the fall rate of the first evaluation (after
+  iteration 1) and of the last two; the per-step training reward of the first and last five iterations;
+* the environment samples each method needs to reach the E_track PPO ends with (first evaluation at or below it,
+  per seed);
 
-and plots tracking error against samples and against wall-clock (``docs/img/learning_cpu.png``).
+and plots E_track against samples and against wall-clock (``docs/img/learning_cpu.png``).
 
-The tracking error is the one the agents log (``tracking_error_cm``: mean body-position error of the iteration's
-training rollout, with the exploration noise of the policy). Samples count every simulated environment step
-(for BCG, every branch).
+E_track is the trainer's periodic evaluation (``eval_tracking_error_cm``, every 10 iterations): the policy's mean
+action replayed in bcg's simulator on 8 fixed episodes (start phases spread over the clip, +-0.02 rad initial joint
+noise, seed 0) of up to 3 s each, so runs compare at the same episodes; the training rollouts' own error mixes the
+exploration noise and whatever phases the episodes are in. Samples count every simulated environment step (for
+BCG, every branch); evaluation steps are not counted, and neither is evaluation time in the wall-clock.
 
     python benchmarks/learning_cpu.py                          # 3 methods x 2 seeds x 180 s each (about 20 min)
     python benchmarks/learning_cpu.py --budget-s 60 --seeds 0  # a quick look
@@ -80,33 +82,29 @@ def read_metrics(run_dir: Path) -> dict[str, list[float]]:
     return {k: [float(r[k]) for r in rows] for k in rows[0]} if rows else {}
 
 
-def moving_average(x: list[float], k: int) -> list[float]:
-    """Trailing mean over the last ``k`` values (fewer at the start)."""
-    out, acc = [], 0.0
-    for i, v in enumerate(x):
-        acc += v
-        if i >= k:
-            acc -= x[i - k]
-        out.append(acc / min(i + 1, k))
-    return out
+def evaluations(m: dict[str, list[float]]) -> dict[str, list[float]]:
+    """The rows of a run that carry the periodic evaluation (``bcg train --eval-every``): samples, wall time,
+    E_track [cm], fall rate and episode length [s] of the deterministic policy on the fixed episodes."""
+    keep = [i for i, e in enumerate(m.get("eval_tracking_error_cm", [])) if not math.isnan(e)]
+    cols = ("samples", "wall_time_s", "eval_tracking_error_cm", "eval_fall_rate", "eval_episode_s")
+    return {c: [m[c][i] for i in keep] for c in cols}
 
 
-def samples_to_reach(m: dict[str, list[float]], target: float, k: int) -> float:
-    """Samples at the first iteration whose k-iteration moving average of the tracking error is <= target (NaN if
-    never)."""
-    for s, e in zip(m["samples"], moving_average(m["tracking_error_cm"], k), strict=True):
+def final_error(ev: dict[str, list[float]], k: int = 2) -> float:
+    """Mean E_track of the last ``k`` evaluations [cm]."""
+    e = ev["eval_tracking_error_cm"][-k:]
+    return sum(e) / len(e) if e else math.nan
+
+
+def samples_to_reach(ev: dict[str, list[float]], target: float) -> float:
+    """Samples at the first evaluation whose E_track is <= target (NaN if never)."""
+    for s, e in zip(ev["samples"], ev["eval_tracking_error_cm"], strict=True):
         if e <= target:
             return s
     return math.nan
 
 
-def final_error(m: dict[str, list[float]], k: int) -> float:
-    """Mean tracking error of the last ``k`` iterations [cm]."""
-    e = m["tracking_error_cm"][-k:]
-    return sum(e) / len(e)
-
-
-def plot(results: dict[str, list[dict[str, list[float]]]], path: Path, smooth: int, target: float) -> None:
+def plot(results: dict[str, list[dict[str, list[float]]]], path: Path, target: float, motion: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,21 +113,22 @@ def plot(results: dict[str, list[dict[str, list[float]]]], path: Path, smooth: i
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for label, runs in results.items():
         for j, m in enumerate(runs):
-            e = moving_average(m["tracking_error_cm"], smooth)
-            kw = dict(color=COLORS.get(label), lw=1.2, alpha=0.9 if j == 0 else 0.55,
+            ev = evaluations(m)
+            kw = dict(color=COLORS.get(label), lw=1.2, marker="o", ms=2.5, alpha=0.9 if j == 0 else 0.55,
                       label=label if j == 0 else None)
-            axes[0].plot(m["samples"], e, **kw)
-            axes[1].plot(m["wall_time_s"], e, **kw)
+            axes[0].plot(ev["samples"], ev["eval_tracking_error_cm"], **kw)
+            axes[1].plot(ev["wall_time_s"], ev["eval_tracking_error_cm"], **kw)
     for ax in axes:
-        ax.axhline(target, color="0.5", lw=0.8, ls="--")
+        if math.isfinite(target):
+            ax.axhline(target, color="0.5", lw=0.8, ls="--")
         ax.grid(alpha=0.3)
     axes[0].set_xscale("log")
     axes[0].set_xlabel("environment samples (every simulated step, branches included)")
     axes[1].set_xlabel("training wall-clock [s] (2-core CPU, 1 torch thread, shared)")
-    axes[0].set_ylabel(f"tracking error [cm] ({smooth}-iteration moving mean)")
+    axes[0].set_ylabel("E_track of the deterministic policy [cm]")
     axes[0].legend(fontsize=8)
-    fig.suptitle("jump clip, cpu-small preset: training-rollout tracking error (dashed: PPO's final error)",
-                 fontsize=10)
+    fig.suptitle(f"{motion} clip, cpu-small: evaluation tracking error (8 fixed episodes of up to 3 s in bcg's "
+                 "simulator; dashed: PPO's final)", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -145,7 +144,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "learning_cpu", help="folder of the runs")
     ap.add_argument("--reuse", type=Path, default=None, help="only read and plot the runs in this folder")
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "img" / "learning_cpu.png", help="output PNG")
-    ap.add_argument("--smooth", type=int, default=5, help="moving-average window [iterations]")
     ap.add_argument("--extra", nargs=argparse.REMAINDER, default=[], help="more bcg train arguments for every run")
     args = ap.parse_args(argv)
 
@@ -162,35 +160,42 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(m)
         results[label] = runs
 
-    k = args.smooth
-    ppo = results.get("PPO", [])
-    target = sum(final_error(m, k) for m in ppo) / len(ppo) if ppo else math.nan
+    ppo = [evaluations(m) for m in results.get("PPO", [])]
+    target = sum(final_error(ev) for ev in ppo) / len(ppo) if ppo else math.nan
     print()
-    print(f"jump, cpu-small, {args.budget_s:g} s per run, seeds {args.seeds}; tracking error = mean of the last {k} "
-          "iterations' rollout errors")
-    print(f"{'method':12s} {'iters':>6s} {'samples':>9s} {'wall s':>7s} {'start cm':>9s} {'final cm':>9s} "
+    print(f"{args.motion}, cpu-small, {args.budget_s:g} s per run, seeds {args.seeds}; E_track of the deterministic "
+          "policy on 8 fixed evaluation episodes (first evaluation, after iteration 1 -> mean of the last two)")
+    print(f"{'method':12s} {'iters':>6s} {'samples':>9s} {'wall s':>7s} {'E_track cm':>15s} {'falls':>11s} "
           f"{'reward':>13s}  samples to reach PPO's final {target:.2f} cm (per seed)")
     for label, runs in results.items():
         if not runs:
             continue
-        it = sum(m["iteration"][-1] for m in runs) / len(runs)
-        sm = sum(m["samples"][-1] for m in runs) / len(runs)
-        wall = sum(m["wall_time_s"][-1] for m in runs) / len(runs)
-        start = sum(sum(m["tracking_error_cm"][:k]) / len(m["tracking_error_cm"][:k]) for m in runs) / len(runs)
-        fin = sum(final_error(m, k) for m in runs) / len(runs)
-        r0 = sum(sum(m["reward"][:k]) / len(m["reward"][:k]) for m in runs) / len(runs)
-        r1 = sum(sum(m["reward"][-k:]) / len(m["reward"][-k:]) for m in runs) / len(runs)
-        reach = [samples_to_reach(m, target, k) for m in runs]
+        evs = [evaluations(m) for m in runs]
+
+        def mean(xs: list[float]) -> float:
+            return sum(xs) / len(xs)
+
+        it = mean([m["iteration"][-1] for m in runs])
+        sm = mean([m["samples"][-1] for m in runs])
+        wall = mean([m["wall_time_s"][-1] for m in runs])
+        e0 = mean([ev["eval_tracking_error_cm"][0] for ev in evs])
+        e1 = mean([final_error(ev) for ev in evs])
+        f0 = mean([ev["eval_fall_rate"][0] for ev in evs])
+        f1 = mean([mean(ev["eval_fall_rate"][-2:]) for ev in evs])
+        r0 = mean([mean(m["reward"][:5]) for m in runs])
+        r1 = mean([mean(m["reward"][-5:]) for m in runs])
+        reach = [samples_to_reach(ev, target) for ev in evs]
         reach_s = ", ".join("never" if math.isnan(r) else f"{r:.3g}" for r in reach)
-        print(f"{label:12s} {it:6.0f} {sm:9.3g} {wall:7.0f} {start:9.2f} {fin:9.2f} {r0:6.3f}->{r1:5.3f}  {reach_s}")
+        print(f"{label:12s} {it:6.0f} {sm:9.3g} {wall:7.0f} {e0:6.1f} -> {e1:5.1f} {f0:4.2f}->{f1:4.2f} "
+              f"{r0:6.3f}->{r1:5.3f}  {reach_s}")
     if ppo:
-        ppo_start = sum(sum(m["tracking_error_cm"][:k]) / len(m["tracking_error_cm"][:k]) for m in ppo) / len(ppo)
+        ppo_start = sum(ev["eval_tracking_error_cm"][0] for ev in ppo) / len(ppo)
         if target >= ppo_start:
             print(f"  note: PPO ended at {target:.2f} cm, no better than it started ({ppo_start:.2f} cm), so the "
                   "samples-to-reach column says nothing about sample efficiency in this budget")
     for name, why in FAILURES.items():
         print(f"  {name} stopped early with an error: {why}")
-    plot(results, args.plot, k, target)
+    plot(results, args.plot, target, args.motion)
     print(f"\nplot: {args.plot}")
     return 0
 

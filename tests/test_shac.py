@@ -357,8 +357,12 @@ def test_state_dict_refuses_other_config() -> None:
 
 
 def _learn(iterations: int, num_envs: int, horizon: int, flip_sign: bool = False, **kw) -> list[float]:
-    """Per-iteration rewards of SHAC (cpu-small, seed 0) on the standing pose (``flip_sign``: ascend the loss)."""
-    cfg = dataclasses.replace(PRESETS["cpu-small"], num_envs=num_envs, horizon=horizon, **kw)
+    """Per-iteration rewards of SHAC (cpu-small networks, seed 0) on the standing pose, from a random policy (action
+    std 1, PyTorch's initialisation, actor lr 5e-3, the bootstrap from the start: the paper's SHAC settings, not
+    cpu-small's gentler ones) with the env's default action map (``flip_sign``: ascend the loss)."""
+    base = dataclasses.replace(PRESETS["cpu-small"], init_action_std=1.0, actor_output_scale=1.0, actor_lr=5e-3,
+                               actor_bootstrap_warmup=0)
+    cfg = dataclasses.replace(base, num_envs=num_envs, horizon=horizon, **kw)
     agent = SHAC(cfg, EnvConfig(motion_file=standing_motion(2.0)), seed=0)
     if flip_sign:  # a broken update: the actor climbs its loss
         rollout = agent._rollout
@@ -472,3 +476,29 @@ def test_actor_bootstrap_warmup_leaves_the_critics_out(warmup: int) -> None:
     assert (loss_a == loss_b) if warmup else (loss_a != loss_b), (loss_a, loss_b)
     with pytest.raises(ValueError, match="actor_bootstrap_warmup must be an integer >= 0"):
         SHACConfig(actor_bootstrap_warmup=-1)
+
+
+def _jump_eval(iterations: int, **shac_overrides) -> tuple[float, float]:
+    """E_track [cm] of the deterministic policy (the trainer's evaluation) after iteration 1 and after ``iterations``
+    of bcg train's cpu-small defaults on the jump clip (residual action map, seed 0)."""
+    from bcg.agents.train import build_agent, default_config, policy_evaluator
+
+    cfg = default_config("shac", "cpu-small", motion="jump")
+    cfg = dataclasses.replace(cfg, shac=dataclasses.replace(cfg.shac, **shac_overrides))
+    agent, evaluate = build_agent(cfg), policy_evaluator(cfg)
+    agent.train_iteration()
+    first = evaluate(agent)["eval_tracking_error_cm"]
+    for _ in range(iterations - 1):
+        agent.train_iteration()
+    return first, evaluate(agent)["eval_tracking_error_cm"]
+
+
+@pytest.mark.slow
+def test_cpu_small_learns_to_track_the_jump() -> None:
+    """The cpu-small preset's promise: visible tracking progress within minutes. Measured (seed 0, 60 iterations,
+    about 90 s on an idle core): E_track 24.5 -> 16.9 cm; with actor_lr = 0 (the policy moves only through the
+    observation normaliser) 24.5 -> 24.x cm."""
+    first, last = _jump_eval(60)
+    assert last < first - 4.0, (first, last)
+    first0, last0 = _jump_eval(60, actor_lr=0.0, final_lr=0.0)
+    assert abs(last0 - first0) < 1.5, (first0, last0)

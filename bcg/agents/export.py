@@ -8,7 +8,9 @@ back as an :class:`ExportedPolicy`, a small ``torch.nn.Module``:
 * ``policy(obs)``: observation [..., 849] (the env's raw observation) -> raw action a [..., 29], i.e.
   ``mean_net(clip((obs - obs_mean) * rsqrt(obs_var + obs_eps), -obs_clip, obs_clip))``, before the env's tanh;
 * ``policy.action_to_target(a)``: PD joint targets [..., 29] [rad] = q_default + s_a tanh(a) (no domain-randomisation
-  offset), the env's action map;
+  offset), the env's action map; for a policy trained with ``action_offset="reference"`` (``policy.action_offset``)
+  the targets are q_ref + s_a tanh(a) and ``action_to_target(a, reference_joint_pos)`` needs the reference's joint
+  positions at the frame the step lands on;
 * metadata: ``observation_layout`` (term, size), ``mjcf_sha256`` (sha256 of the robot MJCF the env simulated),
   ``motion`` (clip name and source), ``agent``, ``bcg_version``, the env options that change the dynamics.
 
@@ -155,7 +157,9 @@ def policy_export(mean_net: nn.Sequential, obs_mean: torch.Tensor, obs_var: torc
         "obs_clip": None if obs_clip is None else float(obs_clip),
         "observation_layout": [[str(n), int(s)] for n, s in env.observation_layout],
         "joint_names": list(JOINT_NAMES),
-        "action_map": "q_des = default_joint_pos + action_scale * tanh(a)",
+        "action_map": ("q_des = default_joint_pos + action_scale * tanh(a)" if env.action_offset == "default" else
+                       "q_des = reference_joint_pos(t + 1) + action_scale * tanh(a)"),
+        "action_offset": str(env.action_offset),
         "mjcf_file": MJCF_PATH.name,
         "mjcf_sha256": file_sha256(MJCF_PATH),
         "motion": {"name": env.motion.name, "source": str(env.motion.source), "num_frames": int(env.num_frames)},
@@ -214,6 +218,9 @@ class ExportedPolicy(nn.Module):
         self.motion = dict(meta["motion"])
         self.agent = str(meta["agent"])
         self.bcg_version = str(meta["bcg_version"])
+        self.action_offset = str(meta.get("action_offset", "default"))  # files before the option: "default"
+        if self.action_offset not in ("default", "reference"):
+            raise PolicyFileError(f"action_offset {self.action_offset!r} is neither 'default' nor 'reference'")
         self.eval()
 
     def normalize(self, obs: torch.Tensor) -> torch.Tensor:
@@ -229,9 +236,17 @@ class ExportedPolicy(nn.Module):
                              f"shape {tuple(obs.shape)}")
         return self.mean_net(self.normalize(obs))
 
-    def action_to_target(self, actions: torch.Tensor) -> torch.Tensor:
-        """PD joint targets [..., A] [rad] of raw actions [..., A]: default_joint_pos + action_scale * tanh(a)."""
-        return self.default_joint_pos + self.action_scale * torch.tanh(actions.to(self.action_scale))
+    def action_to_target(self, actions: torch.Tensor, reference_joint_pos: torch.Tensor | None = None) -> torch.Tensor:
+        """PD joint targets [..., A] [rad] of raw actions [..., A]: default_joint_pos + action_scale * tanh(a), or for
+        ``action_offset == "reference"`` reference_joint_pos + action_scale * tanh(a), where ``reference_joint_pos``
+        [..., A] [rad] are the clip's joint positions at the frame the control step lands on."""
+        delta = self.action_scale * torch.tanh(actions.to(self.action_scale))
+        if self.action_offset == "default":
+            return self.default_joint_pos + delta
+        if reference_joint_pos is None:
+            raise ValueError("this policy's actions are residuals on the reference (action_offset='reference'): pass "
+                             "reference_joint_pos, the clip's joint positions at the frame the step lands on")
+        return reference_joint_pos.to(delta) + delta
 
     def check_mjcf(self, path: str | Path) -> None:
         """Raise :class:`PolicyFileError` unless the MJCF at ``path`` is the one the policy was trained on."""

@@ -65,10 +65,30 @@ __all__ = ["RUN_CONTROL_FIELDS", "TrainConfig", "Trainer", "build_agent", "colle
 FIXED_COLUMNS: tuple[str, ...] = ("iteration", "samples", "wall_time_s")
 """The trainer's own metrics.csv columns, before :data:`~bcg.agents.base.METRIC_NAMES` and the agent's extras."""
 
+EVAL_COLUMNS: dict[str, str] = {
+    "eval_tracking_error_cm": "E_track of the deterministic policy on the fixed evaluation episodes [cm]",
+    "eval_fall_rate": "fraction of the evaluation episodes that ended in a fall",
+    "eval_episode_s": "mean length of the evaluation episodes [s] (at most --eval-seconds)",
+}
+"""Columns of the periodic evaluation (NaN on iterations without one): the policy's mean action, replayed in our
+simulator from fixed start phases with fixed initial noise, so that the numbers of a run are comparable over its
+iterations and across methods (the training columns mix exploration noise and the changing episode phases)."""
+
 RUN_CONTROL_FIELDS: tuple[str, ...] = ("iterations", "max_time_s", "checkpoint_every", "resume", "out", "name",
-                                       "device", "torch_threads", "progress", "tensorboard")
+                                       "device", "torch_threads", "progress", "tensorboard", "eval_every",
+                                       "eval_episodes", "eval_seconds")
 """TrainConfig fields a resumed run may change: how long and where it runs, not what it computes (the numbers are
 exact on the device the checkpoint was written on)."""
+
+
+ENV_PRESETS: dict[str, dict[str, Any]] = {
+    "cpu-small": {"action_offset": "reference", "action_scale": 0.5},
+    "paper": {"action_offset": "default", "action_scale": None},
+}
+"""The action map of each preset (what ``--action-offset`` / ``--action-scale`` default to). cpu-small: residuals
+on the reference, 0.5 rad per unit of tanh(a); measured on the jump clip, this is what makes SHAC's progress visible
+within minutes (docs/shac.md). paper: METHOD.md 7.2's absolute targets around the default pose at the env's
+per-joint scale."""
 
 
 def _shac_presets() -> dict[str, Any]:
@@ -145,12 +165,26 @@ class TrainConfig:
     """Randomise physics, pushes, latency and observation noise (docs/envs.md ranges)."""
     max_episode_steps: int | None = None
     """Extra time limit of an episode in control steps (None: the clip's end)."""
+    action_offset: Literal["default", "reference"] | None = None
+    """What a zero action holds: default (the default pose) or reference (residual actions on the clip's joint
+    positions); None: the preset's (cpu-small: reference, paper: default). Both agents get the same action map."""
+    action_scale: float | None = None
+    """PD-target change per unit of tanh(a) [rad] for every joint; None: the preset's (cpu-small: 0.5, paper: the
+    env's per-joint default, which reaches the farther joint limit at |a| = 0.9)."""
     torch_threads: int | None = 1
     """torch.set_num_threads for the run (None: torch's default). 1 is the fastest on a shared 2-core machine."""
     progress: bool = True
     """Show a progress bar with live figures."""
     tensorboard: bool = True
     """Write TensorBoard event files beside metrics.csv."""
+    eval_every: int = 10
+    """Evaluate the deterministic policy every this many iterations, after the first and after the last (0: never);
+    the columns eval_tracking_error_cm, eval_fall_rate and eval_episode_s of metrics.csv. Not counted in
+    wall_time_s or --max-time-s."""
+    eval_episodes: int = 8
+    """Evaluation episodes: start phases spread evenly over the clip (initial joint noise +-0.02 rad, seed 0)."""
+    eval_seconds: float = 3.0
+    """Longest evaluation episode [s] (each also ends at a fall or the clip's end)."""
 
     def __post_init__(self) -> None:
         from bcg.envs.config import check_count
@@ -158,6 +192,14 @@ class TrainConfig:
 
         object.__setattr__(self, "iterations", check_count("iterations", self.iterations, 1))
         object.__setattr__(self, "checkpoint_every", check_count("checkpoint_every", self.checkpoint_every, 0))
+        object.__setattr__(self, "eval_every", check_count("eval_every", self.eval_every, 0))
+        object.__setattr__(self, "eval_episodes", check_count("eval_episodes", self.eval_episodes, 1))
+        if not (isinstance(self.eval_seconds, numbers.Real) and math.isfinite(self.eval_seconds)
+                and self.eval_seconds > 0):
+            raise ValueError(f"eval_seconds must be a finite number > 0, got {self.eval_seconds!r}")
+        if self.action_scale is not None and not (isinstance(self.action_scale, numbers.Real)
+                                                  and math.isfinite(self.action_scale) and self.action_scale > 0):
+            raise ValueError(f"action_scale must be a finite number > 0 [rad] or None, got {self.action_scale!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be an integer in [0, 2^63 - 1], got {self.seed!r}")
         if self.torch_threads is not None:
@@ -185,9 +227,12 @@ class TrainConfig:
         """The :class:`~bcg.envs.EnvConfig` of the run (differentiable for SHAC)."""
         from bcg.envs.config import EnvConfig
 
+        preset = ENV_PRESETS[self.preset]
+        offset = preset["action_offset"] if self.action_offset is None else self.action_offset
+        scale = preset["action_scale"] if self.action_scale is None else self.action_scale
         return EnvConfig(motion_file=self.motion, kappa=self.kappa, device=self.device,
                          differentiable=self.agent == "shac", domain_randomization=bool(self.domain_randomization),
-                         max_episode_steps=self.max_episode_steps)
+                         max_episode_steps=self.max_episode_steps, action_offset=offset, action_scale=scale)
 
     @property
     def agent_config(self) -> Any:
@@ -359,6 +404,8 @@ def config_from_dict(d: Mapping[str, Any]) -> TrainConfig:
 
     _bind_types()
     d = dict(d)
+    # runs written before the action-map options had absolute targets at the env's per-joint scale
+    d.setdefault("action_offset", "default")
     base = default_config(d.get("agent", "shac"), d.get("preset", "cpu-small"))
     est = d.pop("estimator", None)
     if est is not None:
@@ -474,12 +521,17 @@ class Trainer:
             its agent state must fit ``agent``; the metrics rows are restored from it.
         progress: show the tqdm bar. tensorboard: write event files.
         export: write ``policy.pt`` from ``agent.export_policy()`` at the end.
+        evaluator: ``evaluator(agent) -> {column: value}`` for the :data:`EVAL_COLUMNS` (see :func:`policy_evaluator`),
+            called after iteration 1, every ``eval_every`` iterations and after the last; its time is not counted.
     """
 
     def __init__(self, agent: Any, *, run_dir: str | Path, config: Mapping[str, Any], iterations: int,
                  checkpoint_every: int = 50, max_time_s: float | None = None, resume_from: Checkpoint | None = None,
-                 progress: bool = True, tensorboard: bool = True, export: bool = True):
+                 progress: bool = True, tensorboard: bool = True, export: bool = True,
+                 evaluator: Callable[[Any], Mapping[str, float]] | None = None, eval_every: int = 0):
         self.agent = agent
+        self.evaluator = evaluator
+        self.eval_every = int(eval_every) if evaluator is not None else 0
         self.run_dir = Path(run_dir)
         self.config = dict(config)
         self.iterations = int(iterations)
@@ -553,8 +605,9 @@ class Trainer:
             except (TypeError, ValueError):
                 raise ValueError(f"metric {k!r} is not a number: {v!r}") from None
         if not self.header:  # fixed at the first row; a later extra key goes to TensorBoard only
-            extras = [k for k in metrics if k not in METRIC_NAMES and k not in FIXED_COLUMNS]
-            self.header = [*FIXED_COLUMNS, *METRIC_NAMES, *extras]
+            extras = [k for k in metrics if k not in METRIC_NAMES and k not in FIXED_COLUMNS and k not in EVAL_COLUMNS]
+            evals = list(EVAL_COLUMNS) if self.eval_every else []
+            self.header = [*FIXED_COLUMNS, *METRIC_NAMES, *evals, *extras]
             with open(self.metrics_path, "w", newline="", encoding="utf-8") as f:
                 csv.writer(f, lineterminator="\n").writerow(self.header)
         self._tb_values = values
@@ -618,6 +671,10 @@ class Trainer:
                 self._in_iteration = True
                 metrics = self.agent.train_iteration()
                 wall += time.perf_counter() - t0
+                done_it = int(self.agent.iteration)
+                if self.eval_every and (done_it == 1 or done_it % self.eval_every == 0 or done_it >= self.iterations
+                                        or (self.max_time_s is not None and wall >= self.max_time_s)):
+                    metrics = {**metrics, **{k: float(v) for k, v in self.evaluator(self.agent).items()}}
                 row = self._row(metrics, wall)
                 self._append_row(row)
                 it = int(self.agent.iteration)
@@ -666,7 +723,8 @@ class Trainer:
             v = m.get(k, math.nan)
             return format(float(v), fmt) if v is not None else "nan"
 
-        return (f"reward={g('reward', '.3f')} track={g('tracking_error_cm', '.1f')}cm "
+        ev = f"eval={g('eval_tracking_error_cm', '.1f')}cm " if "eval_tracking_error_cm" in m else ""
+        return (f"reward={g('reward', '.3f')} track={g('tracking_error_cm', '.1f')}cm {ev}"
                 f"trig={g('trigger_rate', '.3f')} gnorm={g('grad_norm', '.3g')} skip={g('skipped_updates', '.0f')}")
 
 
@@ -698,6 +756,29 @@ class TrainResult:
     """The agent at the end."""
 
 
+def policy_evaluator(cfg: TrainConfig) -> Callable[[Any], dict[str, float]]:
+    """``evaluate(agent) -> {EVAL_COLUMNS}``: the agent's exported (deterministic) policy replayed in our simulator
+    on ``cfg.eval_episodes`` fixed episodes of at most ``cfg.eval_seconds`` (bcg.evaluation.mujoco_transfer.replay,
+    the protocol of `bcg evaluate`, without gradients and with the run's dynamics and action map)."""
+    # the replay protocol lives with the evaluation; importing it lazily keeps agents importable without it
+    from bcg.agents.export import ExportedPolicy
+    from bcg.evaluation.mujoco_transfer import TransferOptions, replay
+
+    env_cfg = cfg.env_config()
+    options = TransferOptions(phases=cfg.eval_episodes, seeds=(0,), seconds=float(cfg.eval_seconds))
+    kwargs = {k: getattr(env_cfg, k) for k in ("kappa", "substeps", "sim_dt", "action_offset", "action_scale")
+              if getattr(env_cfg, k) is not None}
+
+    def evaluate(agent: Any) -> dict[str, float]:
+        export = agent.export_policy()
+        policy = ExportedPolicy(export["meta"], export["tensors"])
+        m = replay(policy, cfg.motion, options, simulator="bcg", env_kwargs=kwargs).metrics()
+        return {"eval_tracking_error_cm": float(m.e_track_cm), "eval_fall_rate": float(m.fall_rate),
+                "eval_episode_s": float(m.mean_episode_seconds)}
+
+    return evaluate
+
+
 def train(cfg: TrainConfig, *, agent_factory: Callable[[TrainConfig], Any] = build_agent) -> TrainResult:
     """Build the agent of ``cfg`` and train it in a new run directory, or, with ``cfg.resume``, continue that run
     in its own directory."""
@@ -717,8 +798,8 @@ def train(cfg: TrainConfig, *, agent_factory: Callable[[TrainConfig], Any] = bui
     agent = agent_factory(cfg)
     trainer = Trainer(agent, run_dir=run_dir, config=config_to_dict(cfg), iterations=cfg.iterations,
                       checkpoint_every=cfg.checkpoint_every, max_time_s=cfg.max_time_s, resume_from=ckpt,
-                      progress=cfg.progress,
-                      tensorboard=cfg.tensorboard)
+                      progress=cfg.progress, tensorboard=cfg.tensorboard,
+                      evaluator=policy_evaluator(cfg) if cfg.eval_every else None, eval_every=cfg.eval_every)
     status = trainer.run()
     return TrainResult(run_dir=run_dir, status=status, agent=agent)
 

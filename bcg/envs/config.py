@@ -87,6 +87,12 @@ class EnvConfig:
     """s_a of q_des = q_default + offset + s_a tanh(a), scalar or [29] [rad]. None: per joint, the distance from
     the default pose to its farther joint limit divided by tanh(0.9), so that every target inside the joint range
     is reached with |a| <= 0.9 (plus the default-pose offset of domain randomisation)."""
+    action_offset: Literal["default", "reference"] = "default"
+    """What a zero action holds: "default" (q_des = q_default + offset + s_a tanh(a), METHOD.md 7.2) or
+    "reference" (q_des = q_ref(t+1) + offset + s_a tanh(a): a residual on the phase-matched reference's joint
+    positions at the frame the step lands on, so that a = 0 PD-tracks the clip and the policy learns corrections).
+    The observation is the same in both; "reference" is what makes tracking learnable within a CPU budget
+    (docs/shac.md)."""
     max_episode_steps: int | None = None
     """Extra time limit in control steps (>= 1); the clip's end always truncates."""
     termination_height: float = 0.3
@@ -127,6 +133,8 @@ class EnvConfig:
         if not isinstance(self.observation_noise, ObservationNoise):
             raise TypeError("observation_noise must be an ObservationNoise, got "
                             f"{type(self.observation_noise).__name__}")
+        if self.action_offset not in ("default", "reference"):
+            raise ValueError(f"action_offset must be 'default' or 'reference', got {self.action_offset!r}")
         if not (self.reward == "tracking" or callable(self.reward)):
             raise ValueError(f"reward must be 'tracking' or a callable reward(sim, ref, ctx), got {self.reward!r}")
 

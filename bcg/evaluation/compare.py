@@ -125,9 +125,11 @@ class Job:
 
 
 def read_curve(metrics_csv: Path) -> dict[str, list[float]]:
-    """The columns ``iteration``, ``samples``, ``wall_time_s``, ``tracking_error_cm``, ``reward`` of a run's
-    metrics.csv, as float lists (NaN where empty)."""
-    cols = ("iteration", "samples", "wall_time_s", "tracking_error_cm", "reward")
+    """The columns ``iteration``, ``samples``, ``wall_time_s``, ``tracking_error_cm``, ``reward`` and the evaluation's
+    ``eval_tracking_error_cm``, ``eval_fall_rate`` of a run's metrics.csv, as float lists (NaN where empty or
+    missing)."""
+    cols = ("iteration", "samples", "wall_time_s", "tracking_error_cm", "reward", "eval_tracking_error_cm",
+            "eval_fall_rate")
     out: dict[str, list[float]] = {c: [] for c in cols}
     with open(metrics_csv, newline="") as f:
         for row in csv.DictReader(f):
@@ -146,7 +148,8 @@ def run_job(job: Job | dict[str, Any]) -> dict[str, Any]:
     """Train ``job`` and evaluate its transfer; returns the job's result dict::
 
         {"method", "label", "motion", "seed", "kappa", "run_dir", "status", "error",
-         "curve": {"iteration", "samples", "wall_time_s", "tracking_error_cm", "reward"},   # per iteration
+         "curve": {"iteration", "samples", "wall_time_s", "tracking_error_cm", "reward",
+                   "eval_tracking_error_cm", "eval_fall_rate"},   # per iteration (eval: NaN between evaluations)
          "transfer": {"e_track_cm", "falls", "episodes", "fall_rate", "delta_d_mm", "unstable",
                       "mean_episode_seconds", "error_body_pos", ...} or None,
          "seconds": {"train", "transfer"}}

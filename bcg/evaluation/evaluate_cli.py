@@ -52,7 +52,8 @@ def load_source(source: str, motion: str | None) -> tuple[Any, str, dict[str, An
         name, src = str(meta.get("name")), str(meta.get("source", ""))
         # a packaged clip by its name (portable across checkouts), any other clip by the file it was loaded from
         motion = name if name in PACKAGED_MOTIONS or not (src and Path(src).is_file()) else src
-    env_kwargs: dict[str, Any] = {"action_scale": policy.action_scale.detach().cpu().double().numpy()}
+    env_kwargs: dict[str, Any] = {"action_scale": policy.action_scale.detach().cpu().double().numpy(),
+                                  "action_offset": policy.action_offset}
     # the dynamics options the policy was trained with (None: the env's default): contact stiffness for our
     # simulator's replay, and the substep and substep count, hence the control rate, for both simulators
     for key, cast in (("kappa", float), ("substeps", int), ("sim_dt", float)):

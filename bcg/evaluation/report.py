@@ -8,14 +8,15 @@ per job from :func:`bcg.evaluation.compare.run_job`). Output, into ``OUT``:
   seeds' curves are interpolated onto a common grid that ends where the shortest seed ends);
 * ``compare_transfer.png``: E_track after transfer to MuJoCo and falls, per motion and method (mean +- std over
   seeds; falls summed over all episodes of all seeds);
-* ``compare_samples.png``: environment samples each method needs to reach the training tracking error PPO ends
+* ``compare_samples.png``: environment samples each method needs to reach the tracking error PPO ends
   with (only with PPO in the grid);
 * ``report.md``: the configuration and command, the tables, the plots embedded, and the paper's numbers (METHOD.md
   3.10) beside ours.
 
-The training tracking error is the agents' logged ``tracking_error_cm`` (mean body-position error of the iteration's
-training rollout, exploration noise included); E_track is the transfer metric in MuJoCo
-(:mod:`bcg.evaluation.tracking_metrics`).
+The learning curves show the trainer's periodic evaluation ``eval_tracking_error_cm`` where the runs have it (E_track
+of the deterministic policy on fixed episodes in bcg's simulator, ``bcg train --eval-every``), otherwise the agents'
+logged ``tracking_error_cm`` (the training rollout's error, exploration noise included); E_track after transfer is
+the metric in MuJoCo (:mod:`bcg.evaluation.tracking_metrics`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PAPER_E_TRACK", "PAPER_SAMPLES", "final_error", "group", "learning_plot", "samples_to_reach",
-           "samples_table", "transfer_plot", "transfer_rows", "write_report"]
+__all__ = ["EVAL_KEY", "PAPER_E_TRACK", "PAPER_SAMPLES", "error_curve", "final_error", "group", "learning_plot",
+           "samples_to_reach", "samples_table", "transfer_plot", "transfer_rows", "write_report"]
 
 PAPER_E_TRACK: dict[str, dict[str, tuple[float, float]]] = {
     "run": {"SHAC+BCG": (34.1, 0.4), "PPO": (42.8, 0.7)},
@@ -74,26 +75,46 @@ def _moving(x: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+EVAL_KEY = "eval_tracking_error_cm"
+"""The trainer's evaluation column: preferred over the training error where a run has it."""
+
+
+def error_curve(curve: dict[str, list[float | None]], x_key: str = "samples", smooth: int = SMOOTH
+                ) -> tuple[np.ndarray, np.ndarray, bool]:
+    """(x, tracking error [cm], evaluated) of one run: the evaluation rows (``eval_tracking_error_cm``) when the run
+    has any, else every iteration's training error, smoothed over ``smooth`` iterations."""
+    x = _arr(curve[x_key])
+    ev = _arr(curve.get(EVAL_KEY) or [math.nan] * len(x))
+    keep = np.isfinite(ev)
+    if keep.any():
+        return x[keep], ev[keep], True
+    return x, _moving(_arr(curve["tracking_error_cm"]), smooth), False
+
+
 def final_error(curve: dict[str, list[float | None]], k: int = SMOOTH) -> float:
-    """Mean training tracking error [cm] of the last ``k`` iterations of one run."""
-    e = _arr(curve["tracking_error_cm"])[-k:]
+    """Final tracking error [cm] of one run: the mean of its last two evaluations, or without evaluations the mean
+    training error of the last ``k`` iterations."""
+    _, e, evaluated = error_curve(curve)
+    if not evaluated:
+        e = _arr(curve["tracking_error_cm"])[-k:]
+    e = e[-2:] if evaluated else e
     e = e[np.isfinite(e)]
     return float(e.mean()) if len(e) else math.nan
 
 
 def samples_to_reach(curve: dict[str, list[float | None]], target: float, k: int = SMOOTH) -> float:
-    """Environment samples at the first iteration whose ``k``-iteration moving average of the training tracking error
-    is at or below ``target`` [cm]; NaN if never."""
-    e = _moving(_arr(curve["tracking_error_cm"]), k)
+    """Environment samples at the first evaluation (without evaluations: the first iteration whose ``k``-iteration
+    moving average of the training error) at or below ``target`` [cm]; NaN if never."""
+    x, e, _ = error_curve(curve, smooth=k)
     hit = np.nonzero(np.isfinite(e) & (e <= target))[0]
-    return float(_arr(curve["samples"])[hit[0]]) if len(hit) else math.nan
+    return float(x[hit[0]]) if len(hit) else math.nan
 
 
 def _band(runs: list[dict[str, Any]], x_key: str, n: int = 100) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(grid [n], mean [n], std [n]) of the seeds' tracking error against ``x_key``, interpolated onto a grid from
-    the largest first x to the smallest last x of the seeds."""
-    xs = [_arr(r["curve"][x_key]) for r in runs]
-    ys = [_arr(r["curve"]["tracking_error_cm"]) for r in runs]
+    """(grid [n], mean [n], std [n]) of the seeds' tracking error (:func:`error_curve`) against ``x_key``,
+    interpolated onto a grid from the largest first x to the smallest last x of the seeds."""
+    curves = [error_curve(r["curve"], x_key) for r in runs]
+    xs, ys = [c[0] for c in curves], [c[1] for c in curves]
     lo, hi = max(x[0] for x in xs), min(x[-1] for x in xs)
     if len(xs) == 1 or not hi > lo:
         return xs[0], ys[0], np.zeros_like(ys[0])
@@ -133,7 +154,8 @@ def _colors(labels: Sequence[str]) -> dict[str, str]:
 
 
 def learning_plot(grouped: dict[str, dict[str, list[dict[str, Any]]]], path: Path) -> Path:
-    """``compare_learning.png``: training tracking error against samples and wall-clock, one column per motion."""
+    """``compare_learning.png``: tracking error (:func:`error_curve`) against samples and wall-clock, one column per
+    motion."""
     plt = pyplot()
     motions = list(grouped)
     labels = list(dict.fromkeys(lb for m in motions for lb in grouped[m]))
@@ -149,7 +171,7 @@ def learning_plot(grouped: dict[str, dict[str, list[dict[str, Any]]]], path: Pat
             if x_key == "samples":
                 ax.set_xscale("log")
             ax.set_xlabel(xlabel, fontsize=8)
-            ax.set_ylabel("training tracking error [cm]", fontsize=8)
+            ax.set_ylabel("tracking error [cm] (evaluation)", fontsize=8)
             style_axis(ax)
             if i == 0:
                 ax.set_title(m, fontsize=9)
@@ -299,15 +321,16 @@ def write_report(data: dict[str, Any], out: str | Path) -> Path:
     learning_plot(grouped, out / "compare_learning.png")
     transfer_plot(rows, out / "compare_transfer.png")
     lines += ["## Learning curves", "",
-              "Training tracking error (the iteration's rollout, exploration noise included) against environment "
-              "samples and training wall-clock; mean over seeds, band +-1 std.", "",
+              "E_track of the deterministic policy on the trainer's fixed evaluation episodes in bcg's simulator "
+              "(`bcg train --eval-every`; runs without evaluations: the training rollout's error, exploration noise "
+              "included) against environment samples and training wall-clock; mean over seeds, band +-1 std.", "",
               "![learning curves](compare_learning.png)", "",
               "## After transfer to MuJoCo", "",
               "E_track: mean world body-position error [cm] in MuJoCo (mean +- std over seeds); falls: episodes whose "
               "pelvis dropped below 0.3 m, all seeds; unstable: episodes ended by the instability guard (a non-finite "
               "state or a speed above 200 m/s or rad/s), not counted as falls; episode: mean episode length in MuJoCo; "
-              "Δd: mean foot penetration in our simulator minus MuJoCo on the same replay [mm]; train err: mean "
-              f"training tracking error of the last {SMOOTH} iterations.", "",
+              "Δd: mean foot penetration in our simulator minus MuJoCo on the same replay [mm]; train err: the "
+              "final tracking error of the learning curve (mean of the last two evaluations).", "",
               "| motion | method | seeds | E_track MuJoCo [cm] | falls | unstable | episode [s] | Δd [mm] "
               "| E_track bcg sim [cm] | train err [cm] | iterations | samples | train wall [s] |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -321,9 +344,8 @@ def write_report(data: dict[str, Any], out: str | Path) -> Path:
     if srows:
         samples_plot(srows, out / "compare_samples.png")
         lines += ["## Samples to reach PPO's final error", "",
-                  f"Target: PPO's final training tracking error (mean of its last {SMOOTH} iterations, mean over "
-                  f"seeds); a run reaches it at the first iteration whose {SMOOTH}-iteration moving average is at or "
-                  "below it.", "",
+                  "Target: PPO's final tracking error (mean of its last two evaluations, mean over seeds); a run "
+                  "reaches it at its first evaluation at or below it.", "",
                   "| motion | method | target [cm] | samples per seed | median | seeds that reached it |",
                   "| --- | --- | --- | --- | --- | --- |"]
         for r in srows:

@@ -1,0 +1,42 @@
+"""The action map's two offsets: absolute targets around the default pose, and residuals on the reference."""
+
+import pytest
+import torch
+
+from bcg.envs import EnvConfig, G1TrackingVectorEnv
+
+
+def _env(offset: str, n: int = 4) -> G1TrackingVectorEnv:
+    env = G1TrackingVectorEnv(n, "jump", action_offset=offset)
+    env.reset(seed=3)
+    return env
+
+
+def test_zero_residual_targets_the_next_reference_frame():
+    env = _env("reference")
+    ref_next = env.ref_features(env.state.frame + 1).joint_pos
+    targets = env.action_to_target(torch.zeros(env.num_envs, 29))
+    assert (targets - ref_next).abs().max() < 1e-6  # q_default + (q_ref - q_default): float32 rounding only
+    # after a reset the previous action is the one that holds the reference: zero (no randomised offsets)
+    assert env.state.prev_actions.abs().max() < 1e-6
+    a = torch.randn(env.num_envs, 29, generator=torch.Generator().manual_seed(0))
+    assert torch.allclose(env.target_to_action(env.action_to_target(a)), a, atol=1e-4)
+
+
+def test_residual_step_equals_the_default_map_with_the_same_targets():
+    res, dflt = _env("reference"), _env("default")
+    assert torch.equal(res.state.q, dflt.state.q) and torch.equal(res.state.frame, dflt.state.frame)
+    # small residuals, so that the default map (whose reach is the joint range) reaches the same targets
+    a = 0.1 * torch.randn(res.num_envs, 29, generator=torch.Generator().manual_seed(1))
+    targets = res.action_to_target(a)
+    a_default = dflt.target_to_action(targets)
+    assert (dflt.action_to_target(a_default) - targets).abs().max() < 1e-5
+    res.step(a)
+    dflt.step(a_default)
+    # same PD targets up to float32 rounding of the two maps (measured 1.2e-7 in q after one control step)
+    assert (res.state.q - dflt.state.q).abs().max() < 1e-6
+
+
+def test_action_offset_is_checked():
+    with pytest.raises(ValueError, match="action_offset must be 'default' or 'reference'"):
+        EnvConfig(action_offset="residual")
