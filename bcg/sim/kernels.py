@@ -3,10 +3,10 @@
 The algorithm is the one of :mod:`bcg.sim.reference` (read that module for the maths). One substep is seven
 launches: ``fk_rnea`` -> ``composite`` -> ``mass_tau`` -> ``factor_free`` -> ``contact_setup`` -> ``pgs`` ->
 ``apply_integrate``. Spatial vectors are (angular, linear) about a point that moves with the robot, the root
-position o = q[0:3]; body placements ``X_w`` are relative to o (the ground plane is z = -q[2] there). Only differences of
-nearby positions then enter float32 arithmetic, so the dynamics are the same 3 km from the world origin as at it
-(inertias about the world origin lose 1e-4 of the mass matrix at 30 m). Warp quaternions are x, y, z, w inside the
-kernels, while the state arrays ``q`` keep MuJoCo's w, x, y, z.
+position o = q[0:3]; body placements ``X_w`` are relative to o (the ground plane is z = -q[2] there). Only
+differences of nearby positions then enter float32 arithmetic, so the dynamics are the same 3 km from the world
+origin as at it (inertias about the world origin lose 1e-4 of the mass matrix at 30 m). Warp quaternions are x, y,
+z, w inside the kernels, while the state arrays ``q`` keep MuJoCo's w, x, y, z.
 
 Autodiff discipline (docs: SIM_NOTES.md section 9). Every loop bound is a run-time value, so Warp does not unroll
 the loops, and its adjoint of a dynamic loop does not replay loop-carried values. Therefore:
@@ -367,6 +367,13 @@ def factor_free(
         v_free[e, a] = qd[e, a] + dt * x[e, a]
 
 
+@wp.func
+def normal_weight(a_ii: float, a_foot: float, s: float):
+    """Gauss-Seidel weight of a normal row whose regulariser is a_foot (1 - s) / s instead of a_ii (1 - s) / s:
+    the row's update lambda <- w (lambda - r / a_ii) with w = a_ii s / (a_ii s + a_foot (1 - s))."""
+    return a_ii * s / (a_ii * s + a_foot * (1.0 - s))
+
+
 @wp.kernel
 def contact_setup(
     # state in
@@ -402,12 +409,18 @@ def contact_setup(
     w: wp.array2d(dtype=float),
     s_act: wp.array2d(dtype=float),
     depth: wp.array2d(dtype=float),
+    A_foot: wp.array2d(dtype=wp.vec2),
+    s_norm: wp.array2d(dtype=float),
 ):
-    """Contact rows, Delassus matrix A = J H^-1 J^T [N, 3nc, 3nc] and bias w [N, 3nc].
+    """Contact rows, Delassus matrix A = J H^-1 J^T [N, 3nc, 3nc], bias w [N, 3nc] and the activations.
 
     Each sphere has a normal (e_z) and two tangent (e_x, e_y) rows at its lowest point p; row r is G_r^T J_foot
     with the spatial force G_r = (p x n, n), so only the 6 rows of each contact body need a solve with the factor
     of H = L^T L: Y = L^-T J_foot^T, Lam = Y^T Y, A = G Lam G^T. J_foot and Y must arrive zeroed.
+
+    s_act [N, nc] = sigmoid(kappa d) weights the tangent rows; s_norm [N, nc] weights the normal rows with the
+    regulariser of the foot's mean normal entry (see ``normal_weight``); A_foot [N, nf] holds (sum, count) of the
+    foot's normal entries.
     """
     e = wp.tid()
     nc = sphere_body.shape[0]
@@ -486,6 +499,18 @@ def contact_setup(
             A[e, r1, r2] = acc
             if r2 < r1:
                 A[e, r2, r1] = acc
+    # the foot's mean normal Delassus entry (summed, stored and re-loaded before the division)
+    for f in range(nf):
+        acc_a = float(0.0)
+        cnt = float(0.0)
+        for c in range(nc):
+            if sphere_foot[c] == f:
+                acc_a = acc_a + A[e, 3 * c, 3 * c]
+                cnt = cnt + 1.0
+        A_foot[e, f] = wp.vec2(acc_a, cnt)
+    for c in range(nc):
+        sums = A_foot[e, sphere_foot[c]]
+        s_norm[e, c] = normal_weight(A[e, 3 * c, 3 * c], sums[0] / sums[1], s_act[e, c])
 
 
 @wp.kernel
@@ -494,6 +519,7 @@ def pgs(
     A: wp.array3d(dtype=float),
     w: wp.array2d(dtype=float),
     s_act: wp.array2d(dtype=float),
+    s_norm: wp.array2d(dtype=float),
     depth: wp.array2d(dtype=float),
     # model and parameters
     mu: wp.array(dtype=float),
@@ -505,7 +531,8 @@ def pgs(
     impulse: wp.array3d(dtype=float),
     depth_out: wp.array3d(dtype=float),
 ):
-    """Projected Gauss-Seidel with the activation inside the update (METHOD.md 2.2 variant b).
+    """Projected Gauss-Seidel with the activation inside the update (METHOD.md 2.2 variant b): the normal row of
+    sphere c is weighted by s_norm (its foot's regulariser), its tangent block by s_act.
 
     lam [N, iterations + 1, 3nc] holds the impulses after each sweep (slot 0 is the zero start and is never
     written). The normal impulses and depths of this substep go to impulse/depth_out[:, substep, :].
@@ -523,7 +550,7 @@ def pgs(
             for j in range(i, nr):
                 acc = acc + A[e, i, j] * lam[e, it, j]
             residual[e, it, i] = acc
-            lam[e, it + 1, i] = wp.max(s * (lam[e, it, i] - residual[e, it, i] / A[e, i, i]), 0.0)
+            lam[e, it + 1, i] = wp.max(s_norm[e, c] * (lam[e, it, i] - residual[e, it, i] / A[e, i, i]), 0.0)
             i1 = i + 1
             i2 = i + 2
             acc1 = w[e, i1]

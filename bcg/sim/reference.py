@@ -16,8 +16,12 @@ It implements exactly what the Warp kernels in :mod:`bcg.sim.kernels` implement,
    MuJoCo's soft-constraint mix;
 3. contact: every sphere against z = 0 with penetration d = radius - z_centre, activation s = sigmoid(kappa d),
    rows (e_z, e_x, e_y) at the sphere's lowest point, Delassus A = J H^-1 J^T, bias w = J v* - beta max(d, 0) / h;
-4. projected Gauss-Seidel, ``iterations`` sweeps from zero, each contact's block update weighted by s
-   (METHOD.md section 2.2 variant b), friction projected onto the disc of radius mu lambda_n;
+4. projected Gauss-Seidel, ``iterations`` sweeps from zero, each contact's block update weighted by its activation
+   (METHOD.md section 2.2 variant b): the tangent block by s, i.e. the regulariser A_tt (1 - s) / s; the normal row
+   by the regulariser a_foot (1 - s) / s, a_foot the mean normal Delassus entry of the sphere's foot (one compliance
+   per foot, as MuJoCo's per-body diagApprox; a per-sphere A_nn made the heel 3x stiffer than the toe and leaned
+   the standing robot forward), i.e. the weight A_nn s / (A_nn s + a_foot (1 - s)); friction projected onto the
+   disc of radius mu lambda_n;
 5. v+ = v* + H^-1 J^T lambda; semi-implicit Euler, root quaternion q <- normalize(q + h/2 q (0, omega_body)).
 
 State layout is MuJoCo's (see :mod:`bcg.sim.model`).
@@ -341,8 +345,8 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
         r_hi, r_lo = qj - rng[:, 1], rng[:, 0] - qj
         g_hi = _limit_absorption(r_hi + dt * vj, p.limit_kappa, p.limit_impedance)
         g_lo = _limit_absorption(r_lo - dt * vj, p.limit_kappa, p.limit_impedance)
-        v_hi = -p.beta * torch.clamp(r_hi, min=0.0, max=PUSH_OUT_ANGLE) / dt
-        v_lo = p.beta * torch.clamp(r_lo, min=0.0, max=PUSH_OUT_ANGLE) / dt
+        v_hi = -p.limit_beta * torch.clamp(r_hi, min=0.0, max=PUSH_OUT_ANGLE) / dt
+        v_lo = p.limit_beta * torch.clamp(r_lo, min=0.0, max=PUSH_OUT_ANGLE) / dt
         c = h_jj / dt
         tau = tau.index_add(1, dofs, -g_hi * c * (vj - v_hi) - g_lo * c * (vj - v_lo))
         diag = diag.index_add(1, dofs, (g_hi + g_lo) * h_jj)
@@ -379,13 +383,19 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
         wv = torch.stack(rows_w, 1)
         HinvJt = torch.cholesky_solve(J.transpose(1, 2), L)  # [N, nv, nr]
         A = J @ HinvJt
+        # normal rows: the regulariser of the foot's mean normal entry, a_foot (1 - s) / s (kernels.normal_weight)
+        a_nn = torch.diagonal(A, dim1=1, dim2=2)[:, 0::3]  # [N, nc]
+        foot = torch.as_tensor(model.sphere_foot, device=q.device)
+        a_foot = torch.stack([a_nn[:, foot == f].mean(1) for f in range(model.nf)], 1)[:, foot]  # [N, nc]
+        s_t = torch.stack(s_act, 1)
+        s_norm = a_nn * s_t / (a_nn * s_t + a_foot * (1.0 - s_t))
         lam = [wv.new_zeros(n) for _ in range(3 * nc)]
         for _ in range(p.iterations):
             for c in range(nc):
                 i = 3 * c
                 s = s_act[c]
                 r = wv[:, i] + (A[:, i, :] * torch.stack(lam, 1)).sum(-1)
-                lam[i] = torch.clamp(s * (lam[i] - r / A[:, i, i]), min=0.0)
+                lam[i] = torch.clamp(s_norm[:, c] * (lam[i] - r / A[:, i, i]), min=0.0)
                 lam_now = torch.stack(lam, 1)
                 r1 = wv[:, i + 1] + (A[:, i + 1, :] * lam_now).sum(-1)
                 r2 = wv[:, i + 2] + (A[:, i + 2, :] * lam_now).sum(-1)
