@@ -229,6 +229,8 @@ class Bench:
     """Also search the largest N whose gradient rollout fits (doubling from the last size; for GPUs)."""
     torch_threads: int = 1
     """torch intra-op threads during the benchmark."""
+    markdown: bool = False
+    """Also print the README's throughput table in markdown."""
     json: Path | None = None
     """Also write the results to this JSON file."""
 
@@ -239,7 +241,8 @@ class Bench:
                 "--ratio-n", str(self.ratio_n), "--torch-threads", str(self.torch_threads)]
         if self.sizes:
             argv += ["--sizes", *map(str, self.sizes)]
-        for flag, on in (("--no-backward", self.no_backward), ("--no-env", self.no_env), ("--max-n", self.max_n)):
+        for flag, on in (("--no-backward", self.no_backward), ("--no-env", self.no_env), ("--max-n", self.max_n),
+                         ("--markdown", self.markdown)):
             if on:
                 argv.append(flag)
         if self.json is not None:

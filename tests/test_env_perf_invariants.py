@@ -107,3 +107,27 @@ def test_instability_check_matches_explicit_one(limit: float) -> None:
     assert torch.equal(got, want)
     assert got[:6].all() and not got[7:].any()
     assert bool(got[6]) == (limit < 80.0)
+
+
+def test_reset_table_gives_the_computed_resets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without reset noise the reset state and its first observation come from a per-frame table; a rollout with
+    many autoresets gives the same observations, rewards and states as computing every reset."""
+
+    def rollout(table: bool) -> list[torch.Tensor]:
+        env = G1TrackingVectorEnv(8, "jump", max_episode_steps=3)  # an autoreset every third step
+        if not table:
+            monkeypatch.setattr(G1TrackingVectorEnv, "_noiseless_reset", property(lambda self: False))
+        env.reset(seed=4)
+        g = torch.Generator().manual_seed(0)
+        out, resets = [], 0
+        for _ in range(7):
+            obs, rew, term, trunc, info = env.step(0.3 * torch.randn(8, 29, generator=g))
+            out += [obs, rew, info["final_obs"], env.q, env.qd, env.frame]
+            resets += int(info["_final_obs"].sum())
+        monkeypatch.undo()
+        assert resets >= 16  # every environment at least twice
+        return out
+
+    with_table, computed = rollout(True), rollout(False)
+    for a, b in zip(with_table, computed, strict=True):
+        assert torch.equal(a, b)

@@ -189,6 +189,7 @@ class G1TrackingVectorEnv(VectorEnv):
         self._gen.manual_seed(int(np.random.default_rng().integers(2**62)))
         self._needs_reset = True
         self._renderer = None
+        self._reset_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     # ------------------------------------------------------------------------------------------------ setup
 
@@ -343,6 +344,31 @@ class G1TrackingVectorEnv(VectorEnv):
         half = torch.tensor(dr.push_lin_vel + dr.push_ang_vel, dtype=torch.float32, device=dev)
         return torch.clamp((t / self.control_dt).round().long(), min=1), (2 * u[:, 1:] - 1) * half
 
+    def _reset_pose(self, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The reference state (q [K, nq], qd [K, nv]) at motion frames ``frame`` [K], before reset noise and lift."""
+        ref = self.ref_features(frame)
+        q = torch.cat([ref.root_pos_w, self._ref_qpos[frame.clamp(0, self.num_frames - 1), 3:7], ref.joint_pos], 1)
+        qd = torch.cat([ref.root_lin_vel_w, ref.root_ang_vel_b, ref.joint_vel], 1)
+        return q, qd
+
+    @property
+    def _noiseless_reset(self) -> bool:
+        """Whether a reset state depends on its frame alone (no reset noise on the root or the joints)."""
+        dr = self.domain_randomization
+        return dr.reset_root_pos is None and dr.reset_root_rot is None and dr.reset_joint_pos is None
+
+    def _reset_table(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(q [F, nq], qd [F, nv], noise-free observation [F, obs_dim]) of the reset state at every frame of the
+        clip, for resets without reset noise: computed once (the forward kinematics of the lift and of the first
+        observation otherwise cost two kinematics passes per reset step), row by row the same numbers."""
+        if self._reset_cache is None:
+            with torch.no_grad():
+                frames = torch.arange(self.num_frames, device=self.device)
+                q, qd = self._reset_pose(frames)
+                q = self._lift_to_ground(q)
+                self._reset_cache = (q, qd, self._observe(self._features(q, qd), frames))
+        return self._reset_cache
+
     def _reset_rows(self, s: EnvState, idx: torch.Tensor, keys: torch.Tensor) -> EnvState:
         """``s`` with rows ``idx`` [K] starting new episodes drawn from the new per-row ``keys`` [K] (detached)."""
         k, dev, dr = len(idx), self.device, self.domain_randomization
@@ -353,18 +379,22 @@ class G1TrackingVectorEnv(VectorEnv):
         g.manual_seed(int((mix * (torch.arange(k, device=dev) + 1)).sum().item()) & MAX_SEED)
         frame = torch.randint(0, self.num_frames - 1, (k,), generator=g, device=dev)
         ref = self.ref_features(frame)
-        q = torch.cat([ref.root_pos_w, self._ref_qpos[frame, 3:7], ref.joint_pos], 1)
-        qd = torch.cat([ref.root_lin_vel_w, ref.root_ang_vel_b, ref.joint_vel], 1)
-        if dr.reset_root_pos is not None:
-            h = torch.as_tensor(dr.reset_root_pos, dtype=torch.float32, device=dev)
-            q = torch.cat([q[:, 0:3] + uniform(g, -h, h, (k, 3), dev), q[:, 3:]], 1)
-        if dr.reset_root_rot is not None:
-            h = torch.as_tensor(dr.reset_root_rot, dtype=torch.float32, device=dev)
-            rot = quat_mul_wxyz(euler_to_quat_wxyz(uniform(g, -h, h, (k, 3), dev)), q[:, 3:7])
-            q = torch.cat([q[:, :3], rot, q[:, 7:]], 1)
-        if dr.reset_joint_pos is not None:
-            q = torch.cat([q[:, :7], q[:, 7:] + uniform(g, -dr.reset_joint_pos, dr.reset_joint_pos, (k, nu), dev)], 1)
-        q = self._lift_to_ground(q)
+        if self._noiseless_reset:  # the reset state is a function of the frame alone: read it from the table
+            q, qd, _ = self._reset_table()
+            q, qd = q[frame], qd[frame]
+        else:
+            q, qd = self._reset_pose(frame)
+            if dr.reset_root_pos is not None:
+                h = torch.as_tensor(dr.reset_root_pos, dtype=torch.float32, device=dev)
+                q = torch.cat([q[:, 0:3] + uniform(g, -h, h, (k, 3), dev), q[:, 3:]], 1)
+            if dr.reset_root_rot is not None:
+                h = torch.as_tensor(dr.reset_root_rot, dtype=torch.float32, device=dev)
+                rot = quat_mul_wxyz(euler_to_quat_wxyz(uniform(g, -h, h, (k, 3), dev)), q[:, 3:7])
+                q = torch.cat([q[:, :3], rot, q[:, 7:]], 1)
+            if dr.reset_joint_pos is not None:
+                q = torch.cat([q[:, :7], q[:, 7:] + uniform(g, -dr.reset_joint_pos, dr.reset_joint_pos, (k, nu), dev)],
+                              1)
+            q = self._lift_to_ground(q)
         offset = (uniform(g, dr.joint_offset[0], dr.joint_offset[1], (k, nu), dev)
                   if dr.joint_offset is not None else torch.zeros(k, nu, device=dev))
         lat = (torch.rand(k, generator=g, device=dev) < dr.latency_prob
@@ -436,7 +466,8 @@ class G1TrackingVectorEnv(VectorEnv):
         nxt, reward, terminated, truncated, contact, _, _, _, _ = self._transition(state, actions)
         return nxt, reward, terminated, truncated, contact
 
-    def _transition(self, s: EnvState, actions: torch.Tensor):
+    def _transition(self, s: EnvState, actions: torch.Tensor, stable: torch.Tensor | None = None):
+        # stable: the [N] all-False result of self._unstable(s) when the caller has it (saves a second check)
         n, nv, dr = s.num_envs, self.model.nv, self.domain_randomization
         if tuple(actions.shape) != (n, self.model.nu):
             raise ValueError(f"actions must have shape {[n, self.model.nu]} (one row per state row), got "
@@ -456,7 +487,10 @@ class G1TrackingVectorEnv(VectorEnv):
             push_vel = torch.where(push[:, None], new_vel, push_vel)
 
         # rows with an unusable state never reach the simulator (it refuses |qd| > MAX_SPEED)
-        bad_in = self._unstable(dataclasses.replace(s, qd=qd0))
+        if stable is not None and qd0 is s.qd:  # the caller has just checked this very state (no push in between)
+            bad_in = stable
+        else:
+            bad_in = self._unstable(dataclasses.replace(s, qd=qd0))
         safe_q = self._ref_qpos[s.frame.clamp(0, self.num_frames - 1)]
         any_bad_in = bool(bad_in.any())
         if any_bad_in:
@@ -573,11 +607,13 @@ class G1TrackingVectorEnv(VectorEnv):
     def _step(self, actions: torch.Tensor):
         s = self._state
         unstable = self._unstable(s)
-        if bool(unstable.any()):  # reset before the simulator sees the state, so training never raises
+        any_unstable = bool(unstable.any())
+        if any_unstable:  # reset before the simulator sees the state, so training never raises
             idx = unstable.nonzero().flatten()
             with torch.no_grad():
                 s = self._reset_rows(s, idx, self._next_keys(s.rng_key[idx]))
-        nxt, reward, terminated, truncated, contact, sim, bad, fell, ref = self._transition(s, actions)
+        nxt, reward, terminated, truncated, contact, sim, bad, fell, ref = self._transition(
+            s, actions, stable=None if any_unstable else unstable)
         obs = self._observe(sim, nxt.frame)
         with torch.no_grad():  # E_track of METHOD.md 3.10: mean over bodies of the world position error
             tracking_error = (sim.body_pos_w - ref.body_pos_w).norm(dim=-1).mean(1)
@@ -604,7 +640,10 @@ class G1TrackingVectorEnv(VectorEnv):
             with torch.no_grad():
                 nxt = self._reset_rows(nxt, idx, self._next_keys(nxt.rng_key[idx]))
                 rows = nxt[idx]
-                obs_new = self._observe(self._features(rows.q, rows.qd), rows.frame)
+                if self._noiseless_reset:  # the new episodes' first observations depend on their frames alone
+                    obs_new = self._reset_table()[2][rows.frame]
+                else:
+                    obs_new = self._observe(self._features(rows.q, rows.qd), rows.frame)
                 obs = obs.index_put((idx,), obs_new)
                 if noise_on:
                     noisy = noisy.index_put((idx,), obs_new + self._noise(rows))

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["env_rate", "main", "rollout_time", "sim_rate"]
+__all__ = ["env_rate", "main", "markdown", "rollout_time", "sim_rate"]
 
 
 def _device(model) -> torch.device:
@@ -218,6 +218,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--torch-threads", type=int, default=1,
                         help="torch intra-op threads (1: the env's small ops do not spin on a second core that the "
                              "simulator's threads use)")
+    parser.add_argument("--markdown", action="store_true", help="also print the README's markdown table")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, args.torch_threads))
@@ -299,16 +300,43 @@ def main(argv: list[str] | None = None) -> dict:
                 r[key + "_rates"] = (-t["env"], -t["sim"])
                 print(f"env / bare sim {'with a backward per step' if grad else 'without gradients      '}   "
                       f"{r[key]:6.2f}   [>= 0.8]  ({-t['env']:.0f} / {-t['sim']:.0f} env steps/s)", flush=True)
-        out["ratios"] = r
+        out["ratios"], out["ratio_n"] = r, n
     if args.max_n and not args.no_backward:
         start = sizes[-1]
         mx = {c: _max_n(model, args.steps, c, start, args.max_n_limit) for c in (False, True)}
         out["max_n"] = {"stored": mx[False], "checkpoint": mx[True]}
         print(f"\nlargest N whose {args.steps}-step gradient rollout fits (doubling from {start}): stored forward "
               f"{mx[False]}, checkpointed {mx[True]}")
+    if args.markdown:
+        print("\n" + markdown(out))
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
     return out
+
+
+def markdown(out: dict) -> str:
+    """The README's throughput table (and its ratio line) from the results of :func:`main`."""
+    lines = ["| N | forward [s] | forward + backward [s] | first gradient rollout [s] | kept for backward [MiB] | "
+             "MuJoCo `mj_step`, same steps [s] | forward / MuJoCo | (forward + backward) / MuJoCo |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in out["results"]:
+        lines.append(f"| {r['n']} | {r['fwd_s']:.3f} | {r['fwd_bwd_s']:.3f} | {r['first_fwd_bwd_s']:.2f} | "
+                     f"{r['kept_mib']:.0f} | {r['mujoco_s']:.3f} | {r['fwd_over_mujoco']:.2f} | "
+                     f"{r['fwd_bwd_over_mujoco']:.2f} |")
+    r = out.get("ratios")
+    if r:
+        parts = [f"2 / 1 threads {r['threads_fwd']:.2f} (forward)"]
+        if "threads_fwd_bwd" in r:
+            parts[0] += f", {r['threads_fwd_bwd']:.2f} (forward + backward)"
+            parts.append(f"kept for backward {r['kept_stored_mib']:.0f} MiB stored, {r['kept_checkpoint_mib']:.1f} "
+                         f"MiB checkpointed (checkpointed time x{r['checkpoint_time_ratio']:.2f})")
+        if "env_over_sim" in r:
+            parts.append(f"env / bare simulator {r['env_over_sim']:.2f} without gradients"
+                         + (f", {r['env_over_sim_grad']:.2f} with a backward per step" if "env_over_sim_grad" in r
+                            else ""))
+        lines.append("")
+        lines.append(f"Ratios at N = {out['ratio_n']}: " + "; ".join(parts) + ".")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from bcg.sim.engine import (
     allocate_step,
     model_arrays,
     release_step,
-    run_control_step,
     run_dynamics_terms,
     substep_launches,
 )
@@ -30,6 +29,7 @@ from bcg.sim.execution import ExecutionOptions, execution_options, parallel, spl
 from bcg.sim.model import MAX_SPEED, SimModel
 from bcg.sim.physics import Physics, check_physics
 from bcg.sim.reference import ContactReport
+from bcg.sim.replay import prepack
 
 __all__ = ["MAX_ROOT_POSITION", "step", "mass_matrix", "bias_forces", "kept_bytes", "ContactReport"]
 
@@ -153,9 +153,9 @@ def _block_arrays(model: SimModel, index: int, n: int, grad: bool, per_env_physi
 
 
 def _record(model: SimModel, arrs: StepArrays) -> tuple[list, list]:
-    """The forward launches of a gradient step's arrays and their adjoints in reverse order, packed once per array
-    set (pooled sets are reused, so the packing is paid once, not per step): the same kernels and arguments
-    ``wp.Tape`` records and replays, without its per-launch argument packing."""
+    """The forward launches of a step's arrays and (arrays with gradients) their adjoints in reverse order, packed
+    once per array set (pooled and cached sets are reused, so the packing is paid once, not per step): the same
+    kernels and arguments ``wp.Tape`` records and replays, without its per-launch argument packing."""
     cached = getattr(arrs, "bcg_commands", None)
     if cached is not None:
         return cached
@@ -164,16 +164,17 @@ def _record(model: SimModel, arrs: StepArrays) -> tuple[list, list]:
     for k in range(model.params.substeps):
         for launch in substep_launches(model, arrs, k):
             kw = dict(dim=arrs.n, inputs=launch.inputs, outputs=launch.outputs, device=model.device, record_cmd=True)
-            fwd.append(wp.launch(launch.kernel, **kw))
-            bwd.append(wp.launch(launch.kernel, adj_inputs=[adjoint(a) for a in launch.inputs],
-                                 adj_outputs=[adjoint(a) for a in launch.outputs], adjoint=True, **kw))
+            fwd.append(prepack(wp.launch(launch.kernel, **kw)))
+            if arrs.requires_grad:
+                bwd.append(prepack(wp.launch(launch.kernel, adj_inputs=[adjoint(a) for a in launch.inputs],
+                                             adj_outputs=[adjoint(a) for a in launch.outputs], adjoint=True, **kw)))
     arrs.bcg_commands = (fwd, bwd[::-1])
     return arrs.bcg_commands
 
 
-def _forward_with_grad(model: SimModel, arrs: StepArrays) -> None:
-    for cmd in _record(model, arrs)[0]:
-        cmd.launch()
+def _forward(model: SimModel, arrs: StepArrays) -> None:
+    for launch in _record(model, arrs)[0]:
+        launch()
 
 
 def _backward(model: SimModel, arrs: StepArrays, g_q: torch.Tensor, g_qd: torch.Tensor, g_imp: torch.Tensor
@@ -183,8 +184,8 @@ def _backward(model: SimModel, arrs: StepArrays, g_q: torch.Tensor, g_qd: torch.
     S = model.params.substeps
     for a, g in ((arrs.q[S], g_q), (arrs.qd[S], g_qd), (arrs.impulse, g_imp)):
         wp.copy(a.grad, wp.from_torch(g.contiguous()))
-    for cmd in _record(model, arrs)[1]:
-        cmd.launch()
+    for launch in _record(model, arrs)[1]:
+        launch()
     out = tuple(wp.to_torch(a.grad).clone() for a in (arrs.q[0], arrs.qd[0], arrs.targets))
     release_step(model, arrs)
     return out  # type: ignore[return-value]
@@ -221,8 +222,7 @@ class _WarpControlStep(torch.autograd.Function):
         with _warp_stream(model):
             for a, b in zip(arrs, blocks, strict=True):
                 _load_inputs(a, q[b], qd[b], targets[b], _rows(physics, b))
-            run = _forward_with_grad if keep else run_control_step
-            parallel([lambda a=a: run(model, a) for a in arrs])
+            parallel([lambda a=a: _forward(model, a) for a in arrs])
             outs = [torch.cat([wp.to_torch(x) for x in col]) for col in
                     zip(*[(a.q[S], a.qd[S], a.impulse, a.depth) for a in arrs], strict=True)]
         if grad:
@@ -259,7 +259,7 @@ class _WarpControlStep(torch.autograd.Function):
                 q, qd, targets, physics = ctx.inputs
                 a = allocate_step(model, b.stop - b.start, requires_grad=True, per_env_physics=physics is not None)
                 _load_inputs(a, q[b], qd[b], targets[b], _rows(physics, b))
-                _forward_with_grad(model, a)
+                _forward(model, a)
             return _backward(model, a, g_q[b], g_qd[b], g_imp[b])
 
         with _warp_stream(model):
