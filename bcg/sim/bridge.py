@@ -222,6 +222,8 @@ class _WarpControlStep(torch.autograd.Function):
         with _warp_stream(model):
             for a, b in zip(arrs, blocks, strict=True):
                 _load_inputs(a, q[b], qd[b], targets[b], _rows(physics, b))
+            for a in arrs:  # pack in this thread: Warp's lazy module load is not thread-safe (segfault measured)
+                _record(model, a)
             parallel([lambda a=a: _forward(model, a) for a in arrs])
             outs = [torch.cat([wp.to_torch(x) for x in col]) for col in
                     zip(*[(a.q[S], a.qd[S], a.impulse, a.depth) for a in arrs], strict=True)]
@@ -253,14 +255,19 @@ class _WarpControlStep(torch.autograd.Function):
         arrs = ctx.arrs
         ctx.arrs = None
 
-        def block(i: int, b: slice):
-            a = arrs[i] if arrs is not None else None
-            if a is None:  # checkpoint: re-run this block's forward with gradients, then its adjoint
-                q, qd, targets, physics = ctx.inputs
-                a = allocate_step(model, b.stop - b.start, requires_grad=True, per_env_physics=physics is not None)
+        redo = arrs is None  # checkpoint: re-run each block's forward with gradients, then its adjoint
+        if redo:  # arrays allocated, loaded and packed in this thread (the pool and Warp's module load are not
+            q, qd, targets, physics = ctx.inputs  # thread-safe); only the launches run in the block threads
+            arrs = [allocate_step(model, b.stop - b.start, requires_grad=True, per_env_physics=physics is not None)
+                    for b in blocks]
+            for a, b in zip(arrs, blocks, strict=True):
                 _load_inputs(a, q[b], qd[b], targets[b], _rows(physics, b))
-                _forward(model, a)
-            return _backward(model, a, g_q[b], g_qd[b], g_imp[b])
+                _record(model, a)
+
+        def block(i: int, b: slice):
+            if redo:
+                _forward(model, arrs[i])
+            return _backward(model, arrs[i], g_q[b], g_qd[b], g_imp[b])
 
         with _warp_stream(model):
             parts = parallel([lambda i=i, b=b: block(i, b) for i, b in enumerate(blocks)])
