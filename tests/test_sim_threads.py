@@ -107,3 +107,31 @@ def test_parallel_runs_concurrently_and_reraises() -> None:
 
     with pytest.raises(KeyError, match="block 2"):
         parallel([lambda: 1, boom])
+
+
+_FRESH = """
+import torch
+from bcg.robots import g1
+from bcg.sim import load_model, step
+from bcg.sim.execution import execution_options_set
+model = load_model()
+q = torch.tensor(g1.default_qpos(), dtype=torch.float32)[None].repeat(32, 1)
+t = torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32)[None].repeat(32, 1).requires_grad_(True)
+with execution_options_set(threads=2, min_rows_per_thread=8, checkpoint=CKPT):
+    q1, _, _ = step(model, q, torch.zeros(32, model.nv), t)  # the first launch of the process: module load
+    q1[:, 2].sum().backward()
+print("ok", bool(torch.isfinite(t.grad).all()))
+"""
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_first_step_of_a_process_with_threads(checkpoint: bool) -> None:
+    """The first step of a fresh process loads the Warp module; two block threads racing into that load
+    segfaulted a PPO run, so everything that can load it runs in the calling thread."""
+    import subprocess
+    import sys
+
+    code = _FRESH.replace("CKPT", str(checkpoint))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().endswith("ok True")

@@ -135,21 +135,28 @@ def _rows(physics: Physics | None, rows: slice) -> Physics | None:
     return None if physics is None else Physics(*(t[rows] for t in physics))
 
 
-def _block_arrays(model: SimModel, index: int, n: int, grad: bool, per_env_physics: bool) -> StepArrays:
-    """Arrays of row block ``index`` (``n`` rows) of a step. With gradients: a set of its own (pooled by the
-    engine). Without: a reused workspace per block (the engine caches one per size, and two equal blocks running at
-    once need two)."""
-    if grad or index == 0:
-        return allocate_step(model, n, requires_grad=grad, per_env_physics=per_env_physics)
+def _block_arrays(model: SimModel, index: int, n: int, grad: bool, per_env_physics: bool) -> tuple[StepArrays, bool]:
+    """Arrays of row block ``index`` (``n`` rows) of a step, and whether they are reused (so need
+    ``reset_for_reuse()``, which the caller runs in the block's thread: re-zeroing a gradient set's 169 arrays is
+    2.5 ms per step at N = 64, serial if done here). With gradients: a set of its own, from the engine's pool of
+    released sets when it has one (what ``allocate_step`` does, minus the reset). Without: a reused workspace per
+    block (two equal blocks running at once need two)."""
     model_arrays(model)
-    spaces = model.warp.__dict__.setdefault("block_workspaces", {})
+    cache = model.warp
+    if grad:
+        pool = cache.grad_pool.get((n, per_env_physics))
+        if pool:
+            arrs = pool.pop()
+            cache.pool_bytes -= arrs.nbytes
+            return arrs, True
+        return StepArrays(model, n, requires_grad=True, per_env_physics=per_env_physics), False
+    spaces = cache.__dict__.setdefault("block_workspaces", {})
     key = (index, n, per_env_physics)
     arrs = spaces.get(key)
     if arrs is None:
         arrs = spaces[key] = StepArrays(model, n, requires_grad=False, per_env_physics=per_env_physics)
-    else:
-        arrs.reset_for_reuse()
-    return arrs
+        return arrs, False
+    return arrs, True
 
 
 def _record(model: SimModel, arrs: StepArrays) -> tuple[list, list]:
@@ -172,20 +179,26 @@ def _record(model: SimModel, arrs: StepArrays) -> tuple[list, list]:
     return arrs.bcg_commands
 
 
-def _forward(model: SimModel, arrs: StepArrays) -> None:
+def _forward(model: SimModel, arrs: StepArrays, reset: bool = False) -> None:
+    """Run the recorded forward of ``arrs`` (inputs loaded), re-zeroing reused arrays first (``reset``)."""
+    if reset:
+        arrs.reset_for_reuse()
     for launch in _record(model, arrs)[0]:
         launch()
 
 
-def _backward(model: SimModel, arrs: StepArrays, g_q: torch.Tensor, g_qd: torch.Tensor, g_imp: torch.Tensor
-              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Adjoint of the recorded forward of ``arrs`` for incoming gradients of (q[S], qd[S], impulse); returns the
-    gradients of (q[0], qd[0], targets) (fresh tensors; the arrays go back to the pool)."""
+def _backward(model: SimModel, arrs: StepArrays, grads_in: list[wp.array]) -> None:
+    """Adjoint of the recorded forward of ``arrs`` for incoming gradients ``grads_in`` of (q[S], qd[S], impulse)
+    (Warp views made by the calling thread); leaves the gradients of (q[0], qd[0], targets) in their ``.grad``."""
     S = model.params.substeps
-    for a, g in ((arrs.q[S], g_q), (arrs.qd[S], g_qd), (arrs.impulse, g_imp)):
-        wp.copy(a.grad, wp.from_torch(g.contiguous()))
+    for a, g in zip((arrs.q[S], arrs.qd[S], arrs.impulse), grads_in, strict=True):
+        wp.copy(a.grad, g)
     for launch in _record(model, arrs)[1]:
         launch()
+
+
+def _input_grads(model: SimModel, arrs: StepArrays) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fresh tensors of the gradients of (q[0], qd[0], targets); the arrays go back to the pool."""
     out = tuple(wp.to_torch(a.grad).clone() for a in (arrs.q[0], arrs.qd[0], arrs.targets))
     release_step(model, arrs)
     return out  # type: ignore[return-value]
@@ -217,14 +230,16 @@ class _WarpControlStep(torch.autograd.Function):
         grad = any(ctx.needs_input_grad[1:4])
         keep = grad and not options.checkpoint  # stored forward: the arrays live until the backward
         blocks = split_rows(q.shape[0], thread_count(options, q.shape[0], model.device))
-        arrs = [_block_arrays(model, i, b.stop - b.start, keep, physics is not None) for i, b in enumerate(blocks)]
+        taken = [_block_arrays(model, i, b.stop - b.start, keep, physics is not None) for i, b in enumerate(blocks)]
+        arrs = [a for a, _ in taken]
         S = model.params.substeps
         with _warp_stream(model):
             for a, b in zip(arrs, blocks, strict=True):
                 _load_inputs(a, q[b], qd[b], targets[b], _rows(physics, b))
             for a in arrs:  # pack in this thread: Warp's lazy module load is not thread-safe (segfault measured)
                 _record(model, a)
-            parallel([lambda a=a: _forward(model, a) for a in arrs])
+            # the block threads only run memsets and pre-packed kernel calls (plain ctypes calls)
+            parallel([lambda a=a, r=r: _forward(model, a, r) for a, r in taken])
             outs = [torch.cat([wp.to_torch(x) for x in col]) for col in
                     zip(*[(a.q[S], a.qd[S], a.impulse, a.depth) for a in arrs], strict=True)]
         if grad:
@@ -258,19 +273,24 @@ class _WarpControlStep(torch.autograd.Function):
         redo = arrs is None  # checkpoint: re-run each block's forward with gradients, then its adjoint
         if redo:  # arrays allocated, loaded and packed in this thread (the pool and Warp's module load are not
             q, qd, targets, physics = ctx.inputs  # thread-safe); only the launches run in the block threads
-            arrs = [allocate_step(model, b.stop - b.start, requires_grad=True, per_env_physics=physics is not None)
-                    for b in blocks]
+            taken = [_block_arrays(model, i, b.stop - b.start, True, physics is not None) for i, b in enumerate(blocks)]
+            arrs = [a for a, _ in taken]
             for a, b in zip(arrs, blocks, strict=True):
                 _load_inputs(a, q[b], qd[b], targets[b], _rows(physics, b))
                 _record(model, a)
 
-        def block(i: int, b: slice):
+        # Warp views of the incoming gradients made here; the block threads run memsets, copies and kernel calls
+        incoming = [[g[b].contiguous() for g in (g_q, g_qd, g_imp)] for b in blocks]
+        views = [[wp.from_torch(g) for g in gs] for gs in incoming]
+
+        def block(i: int) -> None:
             if redo:
-                _forward(model, arrs[i])
-            return _backward(model, arrs[i], g_q[b], g_qd[b], g_imp[b])
+                _forward(model, arrs[i], taken[i][1])
+            _backward(model, arrs[i], views[i])
 
         with _warp_stream(model):
-            parts = parallel([lambda i=i, b=b: block(i, b) for i, b in enumerate(blocks)])
+            parallel([lambda i=i: block(i) for i in range(len(blocks))])
+            parts = [_input_grads(model, a) for a in arrs]
         ctx.inputs = None
         out = tuple(torch.cat([p[j] for p in parts]) for j in range(3))
         return (None, *out, None, None)
