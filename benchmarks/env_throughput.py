@@ -1,9 +1,11 @@
-"""Environment steps per second of the batched G1 tracking env, beside the SB3 adapter and a MuJoCo-CPU loop.
+"""Environment steps per second of the batched G1 tracking env, beside the bare simulator, the SB3 adapter and a
+MuJoCo-CPU loop.
 
 For each N: the vector env under no-grad; the vector env with ``differentiable=True`` plus one backward pass per
-step (reward sum, graph cut every step, as a SHAC horizon of 1 would); the SB3 adapter (numpy in and out); and a
-plain MuJoCo loop (``mj_step`` x substeps per control step with the same PD targets through the position actuators,
-one MjData per environment). Printed as env-steps/s and as ratios to the MuJoCo loop.
+step (reward sum, graph cut every step, as a SHAC horizon of 1 would); the bare :func:`bcg.sim.step` loop doing
+the same (``bcg.evaluation.sim_throughput.sim_rate``), so env / sim is the environment's overhead (issue 12: >= 0.8);
+the SB3 adapter (numpy in and out); and a plain MuJoCo loop (``mj_step`` x substeps per control step with the same
+PD targets through the position actuators, one MjData per environment). Printed as env-steps/s and as ratios.
 
 Each number is the best of ``--repeats`` timed blocks of ``--steps`` steps: on a shared machine the other processes
 only ever slow a block down, so the fastest block is the closest to the machine's own speed.
@@ -81,6 +83,9 @@ def bench_mujoco(n: int, steps: int, substeps: int = 4, repeats: int = 3) -> flo
 
 
 def main() -> None:
+    from bcg.evaluation.sim_throughput import sim_rate
+    from bcg.sim import load_model
+
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sizes", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--steps", type=int, default=30)
@@ -91,15 +96,19 @@ def main() -> None:
     args = p.parse_args()
     r = max(1, args.repeats)
     torch.set_num_threads(max(1, min(args.threads, torch.get_num_threads())))
-    print(f"{'N':>5} {'vec no-grad':>12} {'vec diff+bwd':>13} {'SB3 adapter':>12} {'MuJoCo loop':>12}   "
-          "ratios to MuJoCo (no-grad / diff / SB3)")
+    model = load_model()
+    print(f"{'N':>5} {'vec no-grad':>12} {'sim no-grad':>12} {'env/sim':>8} {'vec diff+bwd':>13} {'sim grad+bwd':>13} "
+          f"{'env/sim':>8} {'SB3 adapter':>12} {'MuJoCo loop':>12}   ratios to MuJoCo (no-grad / diff / SB3)")
     for n in args.sizes:
         ng = bench_vector(n, args.steps, args.motion, False, r)
-        df = bench_vector(n, max(3, args.steps // 3), args.motion, True, r)
+        sn = sim_rate(model, n, args.steps, False, r)
+        k = max(3, args.steps // 3)
+        df = bench_vector(n, k, args.motion, True, r)
+        sg = sim_rate(model, n, k, True, r)
         sb = bench_sb3(n, args.steps, args.motion, r)
         mj = bench_mujoco(n, args.steps, repeats=r)
-        print(f"{n:>5} {ng:>12.0f} {df:>13.0f} {sb:>12.0f} {mj:>12.0f}   "
-              f"{ng / mj:.2f} / {df / mj:.2f} / {sb / mj:.2f}", flush=True)
+        print(f"{n:>5} {ng:>12.0f} {sn:>12.0f} {ng / sn:>8.2f} {df:>13.0f} {sg:>13.0f} {df / sg:>8.2f} {sb:>12.0f} "
+              f"{mj:>12.0f}   {ng / mj:.2f} / {df / mj:.2f} / {sb / mj:.2f}", flush=True)
     print("units: environment (control) steps per second, 50 Hz control, 4 substeps of 5 ms")
 
 
