@@ -266,14 +266,17 @@ def main(argv: list[str] | None = None) -> dict:
         r = {}
         print(f"\n# ratios at N = {n} (pairs timed alternately, best of {args.repeats} rounds; goals of issue 12 in "
               "brackets)", flush=True)
+        mj = _mujoco_time(n, args.steps, p.substeps, p.dt)  # the one-core goals: our one thread against MuJoCo
         for grad in (False, True) if not args.no_backward else (False,):
             t = _alternate({"1": lambda g=grad: _cpu_and_wall(model, n, args.steps, g, threads=1),
                             "2": lambda g=grad: _cpu_and_wall(model, n, args.steps, g, threads=2)}, args.repeats)
             key = "threads_fwd_bwd" if grad else "threads_fwd"
             r[key] = t["1"][1] / t["2"][1]
             r[key + "_cpu_per_wall"] = t["2"][0] / t["2"][1]
+            r[key.replace("threads", "one_thread") + "_over_mujoco"] = t["1"][1] / mj
             print(f"{'forward + backward' if grad else 'forward           '}, 2 threads / 1 thread (throughput) "
-                  f"{r[key]:6.2f}   [>= 1.8]  (2 threads kept {r[key + '_cpu_per_wall']:.2f} cores busy)", flush=True)
+                  f"{r[key]:6.2f}   [>= 1.8]  (2 threads kept {r[key + '_cpu_per_wall']:.2f} cores busy); "
+                  f"1 thread / MuJoCo {t['1'][1] / mj:.2f}   [{'<= 2.5' if grad else '<= 0.7'}]", flush=True)
         if not args.no_backward:
             from bcg.sim.engine import clear_pool
 
@@ -329,6 +332,10 @@ def markdown(out: dict) -> str:
         parts = [f"2 / 1 threads {r['threads_fwd']:.2f} (forward)"]
         if "threads_fwd_bwd" in r:
             parts[0] += f", {r['threads_fwd_bwd']:.2f} (forward + backward)"
+        if "one_thread_fwd_over_mujoco" in r:
+            parts.append(f"one thread / MuJoCo {r['one_thread_fwd_over_mujoco']:.2f} (forward)"
+                         + (f", {r['one_thread_fwd_bwd_over_mujoco']:.2f} (forward + backward)"
+                            if "one_thread_fwd_bwd_over_mujoco" in r else ""))
             parts.append(f"kept for backward {r['kept_stored_mib']:.0f} MiB stored, {r['kept_checkpoint_mib']:.1f} "
                          f"MiB checkpointed (checkpointed time x{r['checkpoint_time_ratio']:.2f})")
         if "env_over_sim" in r:
