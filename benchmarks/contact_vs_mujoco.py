@@ -5,7 +5,7 @@ each ``--kappa`` (N = 1, CPU), prints a table of the compared metrics (the quant
 ``tests/test_sim_contact_mujoco.py`` bounds) and writes one figure with the three scenarios side by side
 (``docs/img/contact_vs_mujoco.png`` or ``--out``): pelvis height on top; below it the mean foot-sphere penetration
 (stand), the deepest sphere's penetration (drop) and the horizontal distance moved by the feet and the pelvis
-(slide).
+(slide); a fourth column shows the standing drift (pelvis x) and the feet's creep.
 
 Usage::
 
@@ -58,7 +58,7 @@ def plot(runs: dict[str, dict[str, ContactTrace]], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 3, figsize=(14, 6.4), sharex="col")
+    fig, axes = plt.subplots(2, 4, figsize=(18, 6.4), sharex="col")
     for model, traces in runs.items():
         style = dict(color="k", lw=2.0, alpha=0.6) if model.startswith("MuJoCo") else dict(lw=1.0)
         st, dr, sl = traces[STAND.name], traces[DROP.name], traces[SLIDE.name]
@@ -71,6 +71,9 @@ def plot(runs: dict[str, dict[str, ContactTrace]], out: Path) -> None:
                                 label=f"{model} feet", **style)
         axes[1, 2].plot(sl.t, 1e3 * np.linalg.norm(sl.pelvis[:, :2] - sl.start_pelvis[:2], axis=1),
                         ls="--", color=line.get_color(), lw=style["lw"], alpha=style.get("alpha", 1.0))
+        # the standing drift (forward lean, signed along x) and the feet's creep
+        axes[0, 3].plot(st.t, 1e3 * (st.pelvis[:, 0] - st.start_pelvis[0]), label=model, **style)
+        axes[1, 3].plot(st.t, 1e3 * np.linalg.norm(st.feet[:, :2] - st.start_feet[:2], axis=1), label=model, **style)
     axes[0, 0].set(title=f"stand ({STAND.seconds:g} s, PD at the default pose)", ylabel="pelvis height [m]")
     axes[1, 0].set(xlabel="time [s]", ylabel="mean sphere penetration [mm]")
     axes[0, 1].set(title=f"drop from {100 * DROP.height:g} cm", ylabel="pelvis height [m]")
@@ -78,6 +81,8 @@ def plot(runs: dict[str, dict[str, ContactTrace]], out: Path) -> None:
     axes[1, 1].set(xlabel="time [s]", ylabel="deepest sphere penetration [mm]", ylim=(-4.0, None))
     axes[0, 2].set(title=f"slide, {SLIDE.velocity[1]:g} m/s sideways", ylabel="pelvis height [m]")
     axes[1, 2].set(xlabel="time [s]", ylabel="horizontal distance [mm]\n(solid feet, dashed pelvis)")
+    axes[0, 3].set(title="stand: drift", ylabel="pelvis x - start [mm] (+ forward)")
+    axes[1, 3].set(xlabel="time [s]", ylabel="feet horizontal distance from start [mm]")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8)
