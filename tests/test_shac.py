@@ -496,9 +496,10 @@ def _jump_eval(iterations: int, **shac_overrides) -> tuple[float, float]:
 @pytest.mark.slow
 def test_cpu_small_learns_to_track_the_jump() -> None:
     """The cpu-small preset's promise: visible tracking progress within minutes. Measured (seed 0, 60 iterations,
-    about 90 s on an idle core): E_track 24.5 -> 16.9 cm; with actor_lr = 0 (the policy moves only through the
-    observation normaliser) 24.5 -> 24.x cm."""
+    about 90 s on an idle core, 10 minutes for the pair on the loaded machine): E_track 24.3 -> 16.3 cm; with
+    actor_lr = 0 (the policy moves only through the observation normaliser) 24.418 -> 24.425 cm. The bound asks
+    for half the measured drop."""
     first, last = _jump_eval(60)
     assert last < first - 4.0, (first, last)
     first0, last0 = _jump_eval(60, actor_lr=0.0, final_lr=0.0)
-    assert abs(last0 - first0) < 1.5, (first0, last0)
+    assert abs(last0 - first0) < 0.3, (first0, last0)
