@@ -378,7 +378,7 @@ class G1TrackingVectorEnv(VectorEnv):
         g = torch.Generator(device=dev)
         g.manual_seed(int((mix * (torch.arange(k, device=dev) + 1)).sum().item()) & MAX_SEED)
         frame = torch.randint(0, self.num_frames - 1, (k,), generator=g, device=dev)
-        ref = self.ref_features(frame)
+        ref_joint_pos = self._ref.joint_pos[frame]  # frame < num_frames - 1: no clamp needed
         if self._noiseless_reset:  # the reset state is a function of the frame alone: read it from the table
             q, qd, _ = self._reset_table()
             q, qd = q[frame], qd[frame]
@@ -405,7 +405,7 @@ class G1TrackingVectorEnv(VectorEnv):
             base = Physics(*(t[s.env_id[idx]] for t in self._default_physics))
             physics = sample_physics(base, dr, g) if dr.physics_active else base
         # the previous action reproduces the reference pose, so a policy that tracks it pays no action-rate cost
-        prev = self._actions.to_action(ref.joint_pos, self._target_base(offset, frame))
+        prev = self._actions.to_action(ref_joint_pos, self._target_base(offset, frame))
         rows = EnvState(q=q, qd=qd, frame=frame, episode_steps=torch.zeros_like(frame), prev_actions=prev,
                         delayed_actions=prev, joint_offset=offset, latency=lat, push_countdown=countdown,
                         push_vel=push_vel, rng_key=keys, env_id=s.env_id[idx], physics=physics)
@@ -488,12 +488,12 @@ class G1TrackingVectorEnv(VectorEnv):
 
         # rows with an unusable state never reach the simulator (it refuses |qd| > MAX_SPEED)
         if stable is not None and qd0 is s.qd:  # the caller has just checked this very state (no push in between)
-            bad_in = stable
+            bad_in, any_bad_in = stable, False
         else:
             bad_in = self._unstable(dataclasses.replace(s, qd=qd0))
-        safe_q = self._ref_qpos[s.frame.clamp(0, self.num_frames - 1)]
-        any_bad_in = bool(bad_in.any())
+            any_bad_in = bool(bad_in.any())
         if any_bad_in:
+            safe_q = self._ref_qpos[s.frame.clamp(0, self.num_frames - 1)]
             q0 = torch.where(bad_in[:, None], safe_q, q0.detach())
             qd0 = torch.where(bad_in[:, None], torch.zeros_like(qd0), qd0)
         holder: dict = {}
@@ -502,10 +502,13 @@ class G1TrackingVectorEnv(VectorEnv):
         else:
             q_in, qd_in, t_in = q0, qd0, targets
         q1, qd1, contact = self.transition_fn(self.model, q_in, qd_in, t_in, s.physics, env_ids=s.env_id, state=s)
-        bad = bad_in | self._unstable(dataclasses.replace(s, q=q1, qd=qd1))
+        bad = self._unstable(dataclasses.replace(s, q=q1, qd=qd1))
+        if any_bad_in:
+            bad = bad_in | bad
         holder["drop"] = bad
         any_bad = bool(bad.any())
         if any_bad:
+            safe_q = self._ref_qpos[s.frame.clamp(0, self.num_frames - 1)]
             q1 = torch.where(bad[:, None], safe_q, q1)
             qd1 = torch.where(bad[:, None], torch.zeros_like(qd1), qd1)
 
@@ -639,9 +642,10 @@ class G1TrackingVectorEnv(VectorEnv):
             idx = done.nonzero().flatten()
             with torch.no_grad():
                 nxt = self._reset_rows(nxt, idx, self._next_keys(nxt.rng_key[idx]))
-                rows = nxt[idx]
-                if self._noiseless_reset:  # the new episodes' first observations depend on their frames alone
-                    obs_new = self._reset_table()[2][rows.frame]
+                table = self._noiseless_reset
+                rows = None if table and not noise_on else nxt[idx]  # the rows' other fields only when read
+                if table:  # the new episodes' first observations depend on their frames alone
+                    obs_new = self._reset_table()[2][nxt.frame[idx]]
                 else:
                     obs_new = self._observe(self._features(rows.q, rows.qd), rows.frame)
                 obs = obs.index_put((idx,), obs_new)
