@@ -179,6 +179,41 @@ def _record(model: SimModel, arrs: StepArrays) -> tuple[list, list]:
     return arrs.bcg_commands
 
 
+def _views(arrs: StepArrays) -> dict:
+    """torch views of the arrays a step reads and writes (and their gradients), made once per array set: a
+    ``copy_`` into a view is one torch operation, where ``wp.from_torch`` + ``wp.copy`` (or ``wp.to_torch``) build
+    Warp or torch array objects on every step (about 20 us each, in the calling thread, serial to the blocks)."""
+    cached = getattr(arrs, "bcg_views", None)
+    if cached is not None:
+        return cached
+    S = len(arrs.q) - 1
+
+    def view(a: wp.array) -> torch.Tensor:
+        return wp.to_torch(a, requires_grad=False)
+
+    v = dict(q0=view(arrs.q[0]), qd0=view(arrs.qd[0]), targets=view(arrs.targets), qS=view(arrs.q[S]),
+             qdS=view(arrs.qd[S]), impulse=view(arrs.impulse), depth=view(arrs.depth),
+             physics={name: view(a) for name, a in (arrs.physics or {}).items()})
+    if arrs.requires_grad:
+        v.update(g_in=[view(a.grad) for a in (arrs.q[S], arrs.qd[S], arrs.impulse)],
+                 g_out=[view(a.grad) for a in (arrs.q[0], arrs.qd[0], arrs.targets)])
+    arrs.bcg_views = v
+    return v
+
+
+def _load(arrs: StepArrays, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
+          physics: Physics | None) -> None:
+    """Copy one block's inputs into its arrays (through the cached views)."""
+    v = _views(arrs)
+    with torch.no_grad():
+        v["q0"].copy_(q)
+        v["qd0"].copy_(qd)
+        v["targets"].copy_(targets)
+        if physics is not None:
+            for name, dst in v["physics"].items():
+                dst.copy_(getattr(physics, name))
+
+
 def _forward(model: SimModel, arrs: StepArrays, reset: bool = False) -> None:
     """Run the recorded forward of ``arrs`` (inputs loaded), re-zeroing reused arrays first (``reset``)."""
     if reset:
@@ -187,21 +222,21 @@ def _forward(model: SimModel, arrs: StepArrays, reset: bool = False) -> None:
         launch()
 
 
-def _backward(model: SimModel, arrs: StepArrays, grads_in: list[wp.array]) -> None:
-    """Adjoint of the recorded forward of ``arrs`` for incoming gradients ``grads_in`` of (q[S], qd[S], impulse)
-    (Warp views made by the calling thread); leaves the gradients of (q[0], qd[0], targets) in their ``.grad``."""
-    S = model.params.substeps
-    for a, g in zip((arrs.q[S], arrs.qd[S], arrs.impulse), grads_in, strict=True):
-        wp.copy(a.grad, g)
+def _backward(model: SimModel, arrs: StepArrays, grads_in: list[torch.Tensor]) -> None:
+    """Adjoint of the recorded forward of ``arrs`` for incoming gradients ``grads_in`` of (q[S], qd[S], impulse);
+    leaves the gradients of (q[0], qd[0], targets) in their ``.grad``."""
+    with torch.no_grad():
+        for dst, g in zip(_views(arrs)["g_in"], grads_in, strict=True):
+            dst.copy_(g)
     for launch in _record(model, arrs)[1]:
         launch()
 
 
-def _input_grads(model: SimModel, arrs: StepArrays) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _input_grads(model: SimModel, arrs: StepArrays) -> list[torch.Tensor]:
     """Fresh tensors of the gradients of (q[0], qd[0], targets); the arrays go back to the pool."""
-    out = tuple(wp.to_torch(a.grad).clone() for a in (arrs.q[0], arrs.qd[0], arrs.targets))
+    out = [g.clone() for g in _views(arrs)["g_out"]]
     release_step(model, arrs)
-    return out  # type: ignore[return-value]
+    return out
 
 
 _kept = {"bytes": 0, "peak": 0}
@@ -232,16 +267,14 @@ class _WarpControlStep(torch.autograd.Function):
         blocks = split_rows(q.shape[0], thread_count(options, q.shape[0], model.device))
         taken = [_block_arrays(model, i, b.stop - b.start, keep, physics is not None) for i, b in enumerate(blocks)]
         arrs = [a for a, _ in taken]
-        S = model.params.substeps
         with _warp_stream(model):
             for a, b in zip(arrs, blocks, strict=True):
-                _load_inputs(a, q[b], qd[b], targets[b], _rows(physics, b))
-            for a in arrs:  # pack in this thread: Warp's lazy module load is not thread-safe (segfault measured)
-                _record(model, a)
+                _record(model, a)  # pack in this thread: Warp's lazy module load is not thread-safe (segfault seen)
+                _load(a, q[b], qd[b], targets[b], _rows(physics, b))
             # the block threads only run memsets and pre-packed kernel calls (plain ctypes calls)
             parallel([lambda a=a, r=r: _forward(model, a, r) for a, r in taken])
-            outs = [torch.cat([wp.to_torch(x) for x in col]) for col in
-                    zip(*[(a.q[S], a.qd[S], a.impulse, a.depth) for a in arrs], strict=True)]
+            views = [_views(a) for a in arrs]
+            outs = [torch.cat([v[f] for v in views]) for f in ("qS", "qdS", "impulse", "depth")]
         if grad:
             ctx.model, ctx.blocks, ctx.done = model, blocks, False
             if keep:
@@ -276,17 +309,16 @@ class _WarpControlStep(torch.autograd.Function):
             taken = [_block_arrays(model, i, b.stop - b.start, True, physics is not None) for i, b in enumerate(blocks)]
             arrs = [a for a, _ in taken]
             for a, b in zip(arrs, blocks, strict=True):
-                _load_inputs(a, q[b], qd[b], targets[b], _rows(physics, b))
                 _record(model, a)
-
-        # Warp views of the incoming gradients made here; the block threads run memsets, copies and kernel calls
-        incoming = [[g[b].contiguous() for g in (g_q, g_qd, g_imp)] for b in blocks]
-        views = [[wp.from_torch(g) for g in gs] for gs in incoming]
+                _load(a, q[b], qd[b], targets[b], _rows(physics, b))
+        for a in arrs:
+            _views(a)  # made here: the block threads run memsets, tensor copies and kernel calls only
 
         def block(i: int) -> None:
-            if redo:
+            b = blocks[i]
+            if redo:  # the reset re-zeroes the gradients too, so the incoming ones are copied after it
                 _forward(model, arrs[i], taken[i][1])
-            _backward(model, arrs[i], views[i])
+            _backward(model, arrs[i], [g_q[b], g_qd[b], g_imp[b]])
 
         with _warp_stream(model):
             parallel([lambda i=i: block(i) for i in range(len(blocks))])
