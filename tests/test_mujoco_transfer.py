@@ -202,10 +202,12 @@ def test_bcg_and_mujoco_agree_on_reference_replay(replays):
 @pytest.mark.parametrize("sim", ["bcg", "mujoco"])
 def test_random_actions_track_much_worse(replays, sim):
     ref, rnd = replays["reference", sim].metrics(), replays["random", sim].metrics()
-    # measured: E_track 31.5 / 37.0 cm vs 6.0 / 6.2; joint pos 5.7 / 5.9 rad vs 0.35 / 0.32; 3 / 2 falls of 4
+    # measured: E_track 31.5 / 37.0 cm vs 6.0 / 6.2; joint pos 5.7 / 5.9 rad vs 0.35 / 0.32; 3 / 2 falls of 4.
+    # Since the per-foot contact regulariser (issue 7, standing drift) bcg's random-action robot stays up for the
+    # 0.5 s (0 falls of 4; MuJoCo 2), so the fall count is only asserted in MuJoCo.
     assert rnd.e_track_cm > 3 * ref.e_track_cm
     assert rnd.error_joint_pos > 8 * ref.error_joint_pos
-    assert rnd.falls >= 1
+    assert rnd.falls >= (1 if sim == "mujoco" else 0)
     r = replays["random", sim]
     assert (r.length[r.fell] < 25).all() and (r.mask.sum(0) == r.length).all()
 
