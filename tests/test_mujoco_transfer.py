@@ -168,10 +168,10 @@ def test_rotation_angle():
 
 
 # Reference PD replay (action = target_to_action(next frame's joints)) and random actions on the run clip,
-# 4 start phases, no initial noise, 0.2 s / 0.5 s. Measured E_track [cm]: reference 5.98 (bcg) / 6.19 (MuJoCo) at
-# 0.2 s; random 31.5 / 37.0 at 0.5 s with 3 / 2 falls of 4.
+# 4 start phases, no initial noise, 0.2 s / 1.0 s. Measured E_track [cm]: reference 5.98 (bcg) / 6.19 (MuJoCo) at
+# 0.2 s; random 52.1 / 48.2 at 1.0 s with 3 / 2 falls of 4 (and 1 / 2 unstable).
 REF_OPTS = TransferOptions(phases=4, seeds=(0,), seconds=0.2, joint_noise=0.0)
-RAND_OPTS = TransferOptions(phases=4, seeds=(0,), seconds=0.5, joint_noise=0.0)
+RAND_OPTS = TransferOptions(phases=4, seeds=(0,), seconds=1.0, joint_noise=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -202,14 +202,14 @@ def test_bcg_and_mujoco_agree_on_reference_replay(replays):
 @pytest.mark.parametrize("sim", ["bcg", "mujoco"])
 def test_random_actions_track_much_worse(replays, sim):
     ref, rnd = replays["reference", sim].metrics(), replays["random", sim].metrics()
-    # measured: E_track 31.5 / 37.0 cm vs 6.0 / 6.2; joint pos 5.7 / 5.9 rad vs 0.35 / 0.32; 3 / 2 falls of 4.
-    # Since the per-foot contact regulariser (issue 7, standing drift) bcg's random-action robot stays up for the
-    # 0.5 s (0 falls of 4; MuJoCo 2), so the fall count is only asserted in MuJoCo.
+    # measured (1.0 s): E_track 52.1 / 48.2 cm vs 6.0 / 6.2; joint pos 5.4 / 5.7 rad vs 0.35 / 0.32; 3 / 2 falls of
+    # 4. Since the per-foot contact regulariser (issue 7, standing drift) bcg's random-action robot stays up for
+    # 0.5 s (0 falls of 4; MuJoCo 1 fall, 2 unstable), so the replay runs 1.0 s: both simulators see falls.
     assert rnd.e_track_cm > 3 * ref.e_track_cm
     assert rnd.error_joint_pos > 8 * ref.error_joint_pos
-    assert rnd.falls >= (1 if sim == "mujoco" else 0)
+    assert rnd.falls >= 2
     r = replays["random", sim]
-    assert (r.length[r.fell] < 25).all() and (r.mask.sum(0) == r.length).all()
+    assert (r.length[r.fell] < 50).all() and (r.mask.sum(0) == r.length).all()
 
 
 def test_report_json_and_markdown():
