@@ -30,7 +30,8 @@ import torch
 from bcg.agents.export import read_torch_file
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "CheckpointError", "atomic_torch_save",
-           "check_compatible", "config_differences", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+           "check_compatible", "config_differences", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
+           "save_checkpoint"]
 
 CHECKPOINT_FORMAT = "bcg-checkpoint"
 """Format tag stored in every checkpoint."""
@@ -123,15 +124,22 @@ def latest_checkpoint(path: str | Path) -> Path:
     if not p.exists():
         raise CheckpointError(f"{p} does not exist (expected a checkpoint file or a run directory)")
     folder = p / "checkpoints" if (p / "checkpoints").is_dir() else p
+    found = list_checkpoints(folder)
+    if not found:
+        raise CheckpointError(f"no checkpoint (iter_NNNNNN.pt) in {folder}")
+    return found[-1][1]
+
+
+def list_checkpoints(folder: str | Path) -> list[tuple[int, Path]]:
+    """(iteration, file) of every ``iter_NNNNNN.pt`` in ``folder``, by iteration (empty if none; other files and
+    names that are not a number after ``iter_`` are ignored)."""
     found = []
-    for f in folder.glob("iter_*.pt"):
+    for f in Path(folder).glob("iter_*.pt"):
         try:
             found.append((int(f.stem.split("_", 1)[1]), f))
         except ValueError:
             continue
-    if not found:
-        raise CheckpointError(f"no checkpoint (iter_NNNNNN.pt) in {folder}")
-    return max(found)[1]
+    return sorted(found)
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:

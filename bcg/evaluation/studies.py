@@ -192,17 +192,13 @@ class StudyVariance:
 def run_checkpoints(run_dir: Path, count: int) -> list[tuple[int, Path]]:
     """``count`` (iteration, checkpoint file) pairs of a run directory, evenly spaced from its first checkpoint to its
     last (all of them when it has fewer). ``ValueError`` when the run has none."""
+    from bcg.agents.checkpoint import list_checkpoints
+
     if count < 1:
         raise ValueError(f"checkpoints must be >= 1, got {count}")
-    found = []
-    for f in (run_dir / "checkpoints").glob("iter_*.pt"):
-        try:
-            found.append((int(f.stem.split("_", 1)[1]), f))
-        except ValueError:
-            continue
+    found = list_checkpoints(run_dir / "checkpoints")
     if not found:
         raise ValueError(f"{run_dir} has no checkpoints/iter_*.pt (train it with --checkpoint-every K)")
-    found.sort()
     idx = sorted({round(i * (len(found) - 1) / max(count - 1, 1)) for i in range(min(count, len(found)))})
     return [found[i] for i in idx]
 
