@@ -115,6 +115,7 @@ def test_warp_trajectory_equals_float64_reference(g1_model, kappa):
             worst_q = max(worst_q, float((q_w.double() - q_r).abs().max()))
             worst_imp = max(worst_imp, float((rep_w.impulse.double() - rep_r.impulse).abs().max()))
     weight_impulse = model.total_mass * 9.81 * model.params.control_dt
-    # measured: q 9.0e-7 / 1.4e-6, impulses 1.2e-5 / 2.3e-5 of m g dt at kappa 50 / 300
-    assert worst_q < 5e-6, worst_q
+    # measured: q 2.9e-6 / 5.7e-6 at kappa 50 / 300 (9.0e-7 / 1.4e-6 before the per-foot contact compliance,
+    # 2.9e-6 / 4.6e-6 before the torque-speed envelope); impulses 1.2e-5 / 2.3e-5 of m g dt
+    assert worst_q < 8e-6, worst_q
     assert worst_imp < 7e-5 * weight_impulse, worst_imp

@@ -12,18 +12,13 @@ from bcg.motion.clip import Motion
 from bcg.motion.formats import joint_ranges
 from bcg.motion.resample import finite_difference_qvel
 from bcg.motion.rotations import yaw_np
+from bcg.robots.g1 import NOMINAL_SPEEDS
 
 __all__ = ["JOINT_SPEED_LIMITS", "MotionReport", "validate_motion"]
 
-# Nominal no-load joint speeds [rad/s] per motor type, as given by the ``velocity`` attributes of Unitree's
-# g1_29dof URDF (7520-14: 32, 7520-22: 20, 5020 and 2x5020: 37, 4010: 22). Used only to report how fast a reference
-# motion asks the joints to move; the simulator does not enforce them.
-_V14, _V22, _V50, _V40 = 32.0, 20.0, 37.0, 22.0
-JOINT_SPEED_LIMITS: np.ndarray = np.array(
-    [_V14, _V22, _V14, _V22, _V50, _V50] * 2 + [_V14, _V50, _V50] + [_V50, _V50, _V50, _V50, _V50, _V40, _V40] * 2,
-    dtype=np.float64,
-)
-"""(29,) [rad/s]: nominal joint speed limits of the G1 actuators (report only)."""
+JOINT_SPEED_LIMITS: np.ndarray = NOMINAL_SPEEDS
+"""(29,) [rad/s]: nominal joint speeds of the G1 actuators (:data:`bcg.robots.g1.NOMINAL_SPEEDS`), against which a
+reference motion's joint rates are reported."""
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ class ModelArrays:
     kd: wp.array
     mu: wp.array  # [1]
     torque_limit: wp.array
+    actuator_speed: wp.array  # [nu] no-load speed [rad/s], 1e30 without an envelope
     sphere_body: wp.array
     sphere_pos: wp.array
     sphere_radius: wp.array
@@ -76,6 +77,8 @@ def _build_arrays(model: SimModel) -> ModelArrays:
 
     quat_xyzw = model.body_quat_wxyz[:, [1, 2, 3, 0]]
     limit = np.where(np.isfinite(model.torque_limit), model.torque_limit, 1e30)
+    # the envelope scales with the torque limit, so an unlimited actuator has none
+    speed = np.where(np.isfinite(model.torque_limit) & np.isfinite(model.actuator_speed), model.actuator_speed, 1e30)
     return ModelArrays(
         body_parent=i32(model.body_parent),
         body_pos=f32(model.body_pos, wp.vec3),
@@ -102,6 +105,7 @@ def _build_arrays(model: SimModel) -> ModelArrays:
         kd=f32(model.kd[None]),
         mu=f32(np.array([model.params.mu])),
         torque_limit=f32(limit),
+        actuator_speed=f32(speed),
         sphere_body=i32(model.sphere_body),
         sphere_pos=f32(model.sphere_pos.reshape(-1, 3), wp.vec3),
         sphere_radius=f32(model.sphere_radius),
@@ -279,7 +283,7 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool
                [q, qd, arrs.targets, m.dof_body, m.dof_ancestors, m.dof_ancestor_count, ph["dof_armature"],
                 m.dof_zero if terms_only else ph["dof_damping"], m.dof_no_actuator if terms_only else m.dof_actuator,
                 m.dof_no_limit if terms_only else m.dof_limited, m.dof_range, ph["kp"], ph["kd"], m.torque_limit,
-                p.limit_kappa, p.limit_impedance, p.limit_beta, 0.0 if terms_only else p.dt,
+                m.actuator_speed, p.limit_kappa, p.limit_impedance, p.limit_beta, 0.0 if terms_only else p.dt,
                 s["S"], s["IC_O"], s["IC_h"], s["IC_m"], s["F_sub"]],
                [s["H"], s["tau"]]),
         Launch(K.factor_free, [qd, s["H"], s["tau"], m.dof_ancestors, m.dof_ancestor_count, m.dof_subtree_end, p.dt],

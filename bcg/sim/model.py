@@ -137,6 +137,7 @@ class SimModel:
     kp: np.ndarray  # [nu] position gain [N m/rad]
     kd: np.ndarray  # [nu] velocity gain [N m s/rad]
     torque_limit: np.ndarray  # [nu] [N m], inf if unlimited
+    actuator_speed: np.ndarray  # [nu] no-load speed v0 of the torque-speed envelope [rad/s], inf if none
     dof_limited: np.ndarray  # [nv] bool: the hinge has a position range (MuJoCo jnt_limited)
     dof_range: np.ndarray  # [nv, 2] lower and upper position limit [rad] (-inf, inf where unlimited)
     sphere_body: np.ndarray  # [nc] int
@@ -184,14 +185,17 @@ class SimModel:
         return dataclasses.replace(self, warp=None, dof_limited=np.zeros_like(self.dof_limited))
 
     def with_gains(self, kp: np.ndarray | None = None, kd: np.ndarray | None = None,
-                   torque_limit: np.ndarray | None = None) -> SimModel:
-        """A copy with other PD gains or torque limits, each of shape [nu]."""
+                   torque_limit: np.ndarray | None = None, actuator_speed: np.ndarray | None = None) -> SimModel:
+        """A copy with other PD gains, torque limits [N m] or no-load speeds [rad/s] (inf: no torque-speed
+        envelope), each of shape [nu]."""
         new = {}
-        for name, value in (("kp", kp), ("kd", kd), ("torque_limit", torque_limit)):
+        for name, value in (("kp", kp), ("kd", kd), ("torque_limit", torque_limit), ("actuator_speed", actuator_speed)):
             if value is not None:
                 arr = np.asarray(value, dtype=np.float64).reshape(-1)
                 if arr.shape != (self.nu,) or np.any(arr < 0) or np.any(np.isnan(arr)):
                     raise ValueError(f"{name} must be {self.nu} non-negative values, got shape {arr.shape}")
+                if name == "actuator_speed" and np.any(arr == 0):
+                    raise ValueError("actuator_speed must be > 0 (inf switches the torque-speed envelope off)")
                 new[name] = arr
         return dataclasses.replace(self, warp=None, **new)
 
@@ -316,6 +320,8 @@ def model_from_mujoco(m: Any, device: str = "cpu", params: ContactParams | None 
         if m.jnt_actfrclimited[jnt]:
             limit[a] = min(limit[a], abs(m.jnt_actfrcrange[jnt, 1]), abs(m.jnt_actfrcrange[jnt, 0]))
 
+    speed = _actuator_no_load_speed(m)
+
     dof_limited = np.zeros(nv, bool)
     dof_range = np.tile(np.array([-np.inf, np.inf]), (nv, 1))
     for b in range(1, nb):
@@ -354,6 +360,7 @@ def model_from_mujoco(m: Any, device: str = "cpu", params: ContactParams | None 
         kp=kp,
         kd=kd,
         torque_limit=limit,
+        actuator_speed=speed,
         dof_limited=dof_limited,
         dof_range=dof_range,
         sphere_body=s_body,
@@ -365,6 +372,27 @@ def model_from_mujoco(m: Any, device: str = "cpu", params: ContactParams | None 
         total_mass=float(m.body_mass[1:].sum()),
         mjcf_path=mjcf_path,
     )
+
+
+NO_LOAD_SPEED_NUMERIC = "bcg_actuator_no_load_speed"
+"""Name of the MJCF custom numeric (``<custom><numeric name=... data="v0 per actuator"/></custom>``) that gives
+each actuator's no-load speed [rad/s] for the torque-speed envelope; MuJoCo itself ignores it."""
+
+
+def _actuator_no_load_speed(m: Any) -> np.ndarray:
+    """[nu] no-load speeds [rad/s] from the custom numeric :data:`NO_LOAD_SPEED_NUMERIC`, inf without it."""
+    import mujoco
+
+    idx = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_NUMERIC, NO_LOAD_SPEED_NUMERIC)
+    if idx < 0:
+        return np.full(m.nu, np.inf)
+    adr, size = int(m.numeric_adr[idx]), int(m.numeric_size[idx])
+    speed = np.asarray(m.numeric_data[adr:adr + size], dtype=np.float64).copy()
+    if speed.shape != (m.nu,) or not np.all(speed > 0):
+        raise UnsupportedModelError(
+            f"custom numeric {NO_LOAD_SPEED_NUMERIC!r} must hold one positive speed [rad/s] per actuator "
+            f"({m.nu}), got {size} values")
+    return speed
 
 
 def load_model(mjcf_path: str | Path | None = None, device: str = "cpu", **params: Any) -> SimModel:

@@ -7,8 +7,8 @@ It implements exactly what the Warp kernels in :mod:`bcg.sim.kernels` implement,
    (spatial vectors are (angular, linear); body inertias are kept about o, so float32 dynamics do not depend on
    where the robot is; the ground plane is z = -q_z in these coordinates);
 2. free velocity v* = v + h H^-1 tau. Every force is linearly implicit in v*: f(v*) ~ f(v) + f'(v) (v* - v).
-   The actuator torque is the PD law u = kp (q* - q - h v*) - kd v* through the smooth saturation
-   ``soft_saturation``; its implicit term is sat'(u) (h kd + h^2 kp).
+   The actuator torque is the PD law u = kp (q* - q - h v*) - kd v* through ``actuator_torque``, a smooth saturation
+   with a torque-speed envelope; its implicit term is tau_u (h kd + h^2 kp) - h tau_v (the two slopes of the law).
    A limited joint near or past a limit (violation r, positive past it) is pulled towards
    v_ref = -beta max(r, 0) / h (back out a violation at the Baumgarte rate; zero inside the range, so it never pulls
    a joint towards its limit) by an implicit damper of ratio g = a / (1 - a) to the joint's diagonal, a = impedance *
@@ -53,7 +53,7 @@ __all__ = [
     "step",
     "quat_mul_wxyz",
     "quat_to_matrix_wxyz",
-    "soft_saturation",
+    "actuator_torque",
 ]
 
 
@@ -272,15 +272,25 @@ def _sigmoid(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * (1.0 + torch.tanh(0.5 * x))
 
 
-def soft_saturation(u: torch.Tensor, limit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """The actuators' smooth torque law and its slope, both shaped like ``u`` [N, nu] (``limit`` [nu], N m).
+def actuator_torque(u: torch.Tensor, qd: torch.Tensor, limit: torch.Tensor, speed: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The actuators' torque law and its slopes, each shaped like ``u`` [N, nu] (``limit`` [nu] N m, ``speed`` [nu]
+    rad/s, the no-load speed v0; inf: no envelope).
 
-    tau = u / (1 + (u / L)^4)^(1/4): 1.5 % below the PD law at half the limit, 16 % below at the limit, tending to
-    it beyond; the slope (1 + (u / L)^4)^(-5/4) is smooth, unlike a clamp's (see docs/simulator.md).
+    tau = L (sat(u / L + e) - e) with sat(y) = y / (1 + y^4)^(1/4) and e = (qd / v0)^7. At rest (e = 0) this is the
+    smooth saturation of the PD torque: 1.5 % below u at half the limit, 16 % below at the limit, tending to L beyond,
+    with a smooth slope, unlike a clamp's (see docs/simulator.md). The shift e takes the driving torque in the
+    direction of motion away as qd nears v0, like a motor's back-EMF. Returns (tau, d tau / d u, the partial
+    d tau / d qd through e, <= 0).
     """
-    x = u / torch.clamp(limit, max=1e30)
-    base = 1.0 + x.pow(4)
-    return u * base.pow(-0.25), base.pow(-1.25)
+    lim = torch.clamp(limit, max=1e30)
+    v0 = torch.where(torch.isfinite(limit) & torch.isfinite(speed), speed, torch.full_like(speed, 1e30))
+    w = qd / v0
+    w6 = w.pow(6)
+    shift = lim * w6 * w
+    base = 1.0 + ((u + shift) / lim).pow(4)
+    slope = base.pow(-1.25)
+    return (u + shift) * base.pow(-0.25) - shift, slope, lim * (slope - 1.0) * 7.0 * w6 / v0
 
 
 def _limit_absorption(violation: torch.Tensor, kappa: float, impedance: float) -> torch.Tensor:
@@ -331,11 +341,12 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
     if model.nu:
         dofs = torch.as_tensor(model.actuator_dof, device=q.device)
         lim = torch.as_tensor(model.torque_limit, **kw)
+        speed = torch.as_tensor(model.actuator_speed, **kw)
         qj = q[:, dofs + 1]
         vj = qd[:, dofs]
-        u, slope = soft_saturation(kp * (targets - qj - dt * vj) - kd * vj, lim)
+        u, slope, slope_v = actuator_torque(kp * (targets - qj - dt * vj) - kd * vj, vj, lim, speed)
         tau = tau.index_add(1, dofs, u)
-        diag = diag.index_add(1, dofs, slope * (dt * kd + dt * dt * kp))
+        diag = diag.index_add(1, dofs, slope * (dt * kd + dt * dt * kp) - dt * slope_v)
     H_diag = torch.diagonal(H, dim1=1, dim2=2) + diag
     limited = torch.as_tensor(model.dof_limited, device=q.device)
     if bool(limited.any()):

@@ -37,6 +37,9 @@ __all__ = [
     "KP",
     "KeyBody",
     "MJCF_PATH",
+    "NOMINAL_SPEEDS",
+    "NO_LOAD_SPEEDS",
+    "NO_LOAD_SPEED_FACTOR",
     "NUM_JOINTS",
     "SCENE_PATH",
     "TORQUE_LIMITS",
@@ -148,6 +151,28 @@ TORQUE_LIMITS: np.ndarray = _per_joint(
 )
 """(29,) float64 [N m]: symmetric torque limits (``actuatorfrcrange`` of Menagerie ``g1.xml``); the PD
 torque is clipped to +-TORQUE_LIMITS."""
+
+# Nominal joint speeds per motor type: the ``velocity`` attributes of Unitree's g1_29dof URDF (7520-14: 32,
+# 7520-22: 20, 5020 and 2x5020: 37, 4010: 22 rad/s).
+_V_7520_14, _V_7520_22, _V_5020, _V_4010 = 32.0, 20.0, 37.0, 22.0
+NOMINAL_SPEEDS: np.ndarray = _per_joint(
+    legs=(_V_7520_14, _V_7520_22, _V_7520_14, _V_7520_22, _V_5020, _V_5020),
+    waist=(_V_7520_14, _V_5020, _V_5020),
+    arm=(_V_5020, _V_5020, _V_5020, _V_5020, _V_5020, _V_4010, _V_4010),
+)
+"""(29,) float64 [rad/s]: the actuators' nominal joint speeds (Unitree's URDF ``velocity`` limits)."""
+
+NO_LOAD_SPEED_FACTOR: float = 1.5
+"""The speed at which a motor's driving torque vanishes, as a multiple of its nominal speed (see
+:data:`NO_LOAD_SPEEDS`)."""
+
+NO_LOAD_SPEEDS: np.ndarray = NOMINAL_SPEEDS * NO_LOAD_SPEED_FACTOR
+"""(29,) float64 [rad/s]: the no-load speed v0 of each actuator's torque-speed envelope, written into ``g1.xml``
+as the custom numeric ``bcg_actuator_no_load_speed``. The simulator's torque law gives the full torque limit up to
+about half of v0 and none in the direction of motion at v0 (``docs/simulator.md``); the packaged clips stay below
+0.62 v0, and random actions no longer spin the light wrist and arm joints to 3-6x their nominal speed, where a 5 ms
+step cannot resolve the motion."""
+NO_LOAD_SPEEDS.setflags(write=False)
 
 _A_7520_14 = 0.01017752  # hip pitch, hip yaw, waist yaw
 _A_7520_22 = 0.025101925  # hip roll, knee

@@ -37,6 +37,7 @@ from bcg.robots.g1 import (
     KEY_BODIES,
     KP,
     MJCF_PATH,
+    NO_LOAD_SPEEDS,
     TORQUE_LIMITS,
 )
 
@@ -285,6 +286,11 @@ def build_xml(base_height: float = DEFAULT_BASE_HEIGHT) -> str:
             f' forcelimited="true" forcerange="{_v((-TORQUE_LIMITS[j], TORQUE_LIMITS[j]))}"/>'
         )
     out.append("  </actuator>")
+    out.append("")
+    # MuJoCo ignores custom numerics; bcg.sim reads this one as the actuators' torque-speed envelope.
+    out.append("  <custom>")
+    out.append(f'    <numeric name="bcg_actuator_no_load_speed" data="{_v(NO_LOAD_SPEEDS)}"/>')
+    out.append("  </custom>")
     out.append("")
     qpos = np.concatenate([[0.0, 0.0, base_height, 1.0, 0.0, 0.0, 0.0], DEFAULT_JOINT_POS])
     out.append("  <keyframe>")
