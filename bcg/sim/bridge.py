@@ -12,15 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import warp as wp
 
 from bcg.sim.engine import (
+    FieldSpec,
+    GradArrays,
     StepArrays,
+    acquire_grads,
     allocate_step,
     model_arrays,
+    release_grads,
     release_step,
     run_dynamics_terms,
     substep_launches,
@@ -29,7 +33,7 @@ from bcg.sim.execution import ExecutionOptions, execution_options, parallel, spl
 from bcg.sim.model import MAX_SPEED, SimModel
 from bcg.sim.physics import Physics, check_physics
 from bcg.sim.reference import ContactReport
-from bcg.sim.replay import prepack
+from bcg.sim.replay import Relocatable, pack, prepack
 
 __all__ = ["MAX_ROOT_POSITION", "step", "mass_matrix", "bias_forces", "kept_bytes", "ContactReport"]
 
@@ -137,10 +141,10 @@ def _rows(physics: Physics | None, rows: slice) -> Physics | None:
 
 def _block_arrays(model: SimModel, index: int, n: int, grad: bool, per_env_physics: bool) -> tuple[StepArrays, bool]:
     """Arrays of row block ``index`` (``n`` rows) of a step, and whether they are reused (so need
-    ``reset_for_reuse()``, which the caller runs in the block's thread: re-zeroing a gradient set's 169 arrays is
-    2.5 ms per step at N = 64, serial if done here). With gradients: a set of its own, from the engine's pool of
-    released sets when it has one (what ``allocate_step`` does, minus the reset). Without: a reused workspace per
-    block (two equal blocks running at once need two)."""
+    ``reset_for_reuse()``, which the caller runs in the block's thread). With gradients: a value set of its own
+    (its gradients come from a shared :class:`GradArrays` in the backward), from the engine's pool of released
+    sets when it has one (what ``allocate_step`` does, minus the reset). Without: a reused workspace per block (two
+    equal blocks running at once need two)."""
     model_arrays(model)
     cache = model.warp
     if grad:
@@ -149,7 +153,7 @@ def _block_arrays(model: SimModel, index: int, n: int, grad: bool, per_env_physi
             arrs = pool.pop()
             cache.pool_bytes -= arrs.nbytes
             return arrs, True
-        return StepArrays(model, n, requires_grad=True, per_env_physics=per_env_physics), False
+        return StepArrays(model, n, requires_grad=True, per_env_physics=per_env_physics, grads="pooled"), False
     spaces = cache.__dict__.setdefault("block_workspaces", {})
     key = (index, n, per_env_physics)
     arrs = spaces.get(key)
@@ -159,45 +163,120 @@ def _block_arrays(model: SimModel, index: int, n: int, grad: bool, per_env_physi
     return arrs, True
 
 
-def _record(model: SimModel, arrs: StepArrays) -> tuple[list, list]:
-    """The forward launches of a step's arrays and (arrays with gradients) their adjoints in reverse order, packed
-    once per array set (pooled and cached sets are reused, so the packing is paid once, not per step): the same
-    kernels and arguments ``wp.Tape`` records and replays, without its per-launch argument packing."""
-    cached = getattr(arrs, "bcg_commands", None)
-    if cached is not None:
-        return cached
-    adjoint = wp.Tape().get_adjoint  # Warp's own rule for the adjoint argument of each kernel argument
-    fwd, bwd = [], []
+def _recorded(model: SimModel, arrs: StepArrays, adjoint: bool) -> list:
+    """The step's launches recorded (not run) on the views of ``arrs``: forward in order, or (``adjoint``) their
+    adjoints in reverse order with the arguments ``wp.Tape`` would pass (each array's ``.grad``)."""
+    get_adjoint = wp.Tape().get_adjoint  # Warp's own rule for the adjoint argument of each kernel argument
+    cmds = []
     for k in range(model.params.substeps):
         for launch in substep_launches(model, arrs, k):
             kw = dict(dim=arrs.n, inputs=launch.inputs, outputs=launch.outputs, device=model.device, record_cmd=True)
-            fwd.append(prepack(wp.launch(launch.kernel, **kw)))
-            if arrs.requires_grad:
-                bwd.append(prepack(wp.launch(launch.kernel, adj_inputs=[adjoint(a) for a in launch.inputs],
-                                             adj_outputs=[adjoint(a) for a in launch.outputs], adjoint=True, **kw)))
-    arrs.bcg_commands = (fwd, bwd[::-1])
-    return arrs.bcg_commands
+            if adjoint:
+                kw.update(adj_inputs=[get_adjoint(a) for a in launch.inputs],
+                          adj_outputs=[get_adjoint(a) for a in launch.outputs], adjoint=True)
+            cmds.append(wp.launch(launch.kernel, **kw))
+    return cmds[::-1] if adjoint else cmds
+
+
+def _packed(model: SimModel, key: tuple, cmds: list, ranges: list[tuple[int, int]]) -> list[Callable[[], None]]:
+    """Callables of the recorded ``cmds``, and (when every one packs and relocates) the template ``key`` that the
+    next sets of this shape are relocated from instead of recorded."""
+    packed = [pack(c) for c in cmds]
+    if all(p is not None for p in packed):
+        try:
+            model.warp.templates[key] = ([start for start, _ in ranges], [Relocatable(p, ranges) for p in packed])
+        except ValueError:  # an argument type the relocation does not know: record every set
+            pass
+    return [c.launch if p is None else p.call for p, c in zip(packed, cmds, strict=True)]
+
+
+def _record(model: SimModel, arrs: StepArrays) -> list[Callable[[], None]]:
+    """The forward launches of a step's arrays, packed once per array set (pooled and cached sets are reused, so
+    this is paid once per set, not per step): the same kernels and arguments ``wp.Tape`` records, without its
+    per-launch argument packing. The first set of a shape is recorded and packed; the others are relocated from
+    it (:class:`bcg.sim.replay.Relocatable`: a copy of its structs with the pointers moved to their buffer)."""
+    cached = getattr(arrs, "bcg_forward", None)
+    if cached is not None:
+        return cached
+    key = ("forward", arrs.n, arrs.per_env_physics)
+    template = model.warp.templates.get(key) if arrs.own_grads is None else None
+    if template is not None:
+        (base,), relocs = template
+        out = [r.at([arrs.ptr - base]).call for r in relocs]
+    else:
+        cmds = _recorded(model, arrs, adjoint=False)
+        if arrs.own_grads is None:
+            out = _packed(model, key, cmds, [(arrs.ptr, arrs.layout.nbytes)])
+        else:
+            out = [prepack(c) for c in cmds]
+    arrs.bcg_forward = out
+    return out
+
+
+def _adjoint(model: SimModel, arrs: StepArrays, grads: GradArrays) -> list[Callable[[], None]]:
+    """The adjoint launches of a step's value set ``arrs`` with the gradient set ``grads`` (reverse order), packed
+    once per (value set, gradient set) pair: the first pair of a shape is recorded with ``grads`` attached as the
+    arrays' ``.grad`` (exactly the tape's arguments), the others relocated from it."""
+    cache = arrs.__dict__.setdefault("bcg_adjoint", {})
+    hit = cache.get(grads.serial)
+    if hit is not None:
+        return hit
+    key = ("adjoint", arrs.n, arrs.per_env_physics)
+    template = model.warp.templates.get(key)
+    if template is not None:
+        (vbase, gbase), relocs = template
+        out = [r.at([arrs.ptr - vbase, grads.ptr - gbase]).call for r in relocs]
+    else:
+        arrs.attach_grads(grads)
+        try:
+            cmds = _recorded(model, arrs, adjoint=True)
+        finally:
+            arrs.attach_grads(None)  # the recorded arguments keep the pointers; the views need no gradients
+        out = _packed(model, key, cmds, [(arrs.ptr, arrs.layout.nbytes), (grads.ptr, grads.nbytes)])
+    if len(cache) >= 4:  # a set meets only a few gradient sets (one per block and concurrent backward)
+        cache.clear()
+    cache[grads.serial] = out
+    return out
+
+
+def _field(flat: torch.Tensor, spec: FieldSpec) -> torch.Tensor:
+    """The torch view of one array of a set from the torch view of its whole float32 buffer."""
+    start = spec.offset // 4
+    return flat[start:start + spec.nbytes // 4].view(*spec.shape, *spec.inner_shape)
 
 
 def _views(arrs: StepArrays) -> dict:
-    """torch views of the arrays a step reads and writes (and their gradients), made once per array set: a
-    ``copy_`` into a view is one torch operation, where ``wp.from_torch`` + ``wp.copy`` (or ``wp.to_torch``) build
-    Warp or torch array objects on every step (about 20 us each, in the calling thread, serial to the blocks)."""
+    """torch views of the arrays a step reads and writes, made once per array set (slices of one torch view of the
+    set's buffer): a ``copy_`` into a view is one torch operation, where ``wp.from_torch`` + ``wp.copy`` (or
+    ``wp.to_torch``) build Warp or torch array objects on every step (about 20 us each, in the calling thread,
+    serial to the blocks)."""
     cached = getattr(arrs, "bcg_views", None)
     if cached is not None:
         return cached
-    S = len(arrs.q) - 1
-
-    def view(a: wp.array) -> torch.Tensor:
-        return wp.to_torch(a, requires_grad=False)
-
-    v = dict(q0=view(arrs.q[0]), qd0=view(arrs.qd[0]), targets=view(arrs.targets), qS=view(arrs.q[S]),
-             qdS=view(arrs.qd[S]), impulse=view(arrs.impulse), depth=view(arrs.depth),
-             physics={name: view(a) for name, a in (arrs.physics or {}).items()})
-    if arrs.requires_grad:
-        v.update(g_in=[view(a.grad) for a in (arrs.q[S], arrs.qd[S], arrs.impulse)],
-                 g_out=[view(a.grad) for a in (arrs.q[0], arrs.qd[0], arrs.targets)])
+    lay = arrs.layout
+    S = sum(1 for f in lay.fields if f.group == "q") - 1
+    flat = wp.to_torch(arrs.buffer, requires_grad=False)
+    v = dict(q0=_field(flat, lay.find("q", 0)), qd0=_field(flat, lay.find("qd", 0)),
+             targets=_field(flat, lay.find("targets")), qS=_field(flat, lay.find("q", S)),
+             qdS=_field(flat, lay.find("qd", S)), impulse=_field(flat, lay.find("impulse")),
+             depth=_field(flat, lay.find("depth")),
+             physics={f.name: _field(flat, f) for f in lay.fields if f.group == "physics"})
     arrs.bcg_views = v
+    return v
+
+
+def _grad_views(grads: GradArrays) -> dict:
+    """torch views of the gradients a backward copies in (of q[S], qd[S], impulse) and out (of q[0], qd[0],
+    targets), made once per gradient set."""
+    cached = getattr(grads, "bcg_views", None)
+    if cached is not None:
+        return cached
+    lay = grads.layout
+    S = sum(1 for f in lay.fields if f.group == "q") - 1
+    flat = wp.to_torch(grads.buffer, requires_grad=False)
+    v = dict(g_in=[_field(flat, lay.find(*k)) for k in (("q", S), ("qd", S), ("impulse",))],
+             g_out=[_field(flat, lay.find(*k)) for k in (("q", 0), ("qd", 0), ("targets",))])
+    grads.bcg_views = v
     return v
 
 
@@ -218,23 +297,27 @@ def _forward(model: SimModel, arrs: StepArrays, reset: bool = False) -> None:
     """Run the recorded forward of ``arrs`` (inputs loaded), re-zeroing reused arrays first (``reset``)."""
     if reset:
         arrs.reset_for_reuse()
-    for launch in _record(model, arrs)[0]:
+    for launch in _record(model, arrs):
         launch()
 
 
-def _backward(model: SimModel, arrs: StepArrays, grads_in: list[torch.Tensor]) -> None:
-    """Adjoint of the recorded forward of ``arrs`` for incoming gradients ``grads_in`` of (q[S], qd[S], impulse);
-    leaves the gradients of (q[0], qd[0], targets) in their ``.grad``."""
+def _backward(model: SimModel, arrs: StepArrays, grads: GradArrays, grads_in: list[torch.Tensor]) -> None:
+    """Adjoint of the recorded forward of ``arrs`` on the gradient set ``grads`` (zeroed here) for incoming
+    gradients ``grads_in`` of (q[S], qd[S], impulse); leaves the gradients of (q[0], qd[0], targets) in ``grads``.
+    """
+    grads.zero()  # the adjoints accumulate: every gradient starts at 0, then the incoming ones are set
     with torch.no_grad():
-        for dst, g in zip(_views(arrs)["g_in"], grads_in, strict=True):
+        for dst, g in zip(_grad_views(grads)["g_in"], grads_in, strict=True):
             dst.copy_(g)
-    for launch in _record(model, arrs)[1]:
+    for launch in _adjoint(model, arrs, grads):
         launch()
 
 
-def _input_grads(model: SimModel, arrs: StepArrays) -> list[torch.Tensor]:
-    """Fresh tensors of the gradients of (q[0], qd[0], targets); the arrays go back to the pool."""
-    out = [g.clone() for g in _views(arrs)["g_out"]]
+def _input_grads(model: SimModel, arrs: StepArrays, grads: GradArrays) -> list[torch.Tensor]:
+    """Fresh tensors of the gradients of (q[0], qd[0], targets); the value and gradient sets go back to their
+    pools."""
+    out = [g.clone() for g in _grad_views(grads)["g_out"]]
+    release_grads(model, grads)
     release_step(model, arrs)
     return out
 
@@ -311,18 +394,23 @@ class _WarpControlStep(torch.autograd.Function):
             for a, b in zip(arrs, blocks, strict=True):
                 _record(model, a)
                 _load(a, q[b], qd[b], targets[b], _rows(physics, b))
-        for a in arrs:
-            _views(a)  # made here: the block threads run memsets, tensor copies and kernel calls only
+        # gradient sets taken, packed and viewed here: the block threads run memsets, tensor copies and kernel
+        # calls only
+        grads = [acquire_grads(model, a.layout) for a in arrs]
+        for a, g in zip(arrs, grads, strict=True):
+            _views(a)
+            _grad_views(g)
+            _adjoint(model, a, g)
 
         def block(i: int) -> None:
             b = blocks[i]
-            if redo:  # the reset re-zeroes the gradients too, so the incoming ones are copied after it
+            if redo:
                 _forward(model, arrs[i], taken[i][1])
-            _backward(model, arrs[i], [g_q[b], g_qd[b], g_imp[b]])
+            _backward(model, arrs[i], grads[i], [g_q[b], g_qd[b], g_imp[b]])
 
         with _warp_stream(model):
             parallel([lambda i=i: block(i) for i in range(len(blocks))])
-            parts = [_input_grads(model, a) for a in arrs]
+            parts = [_input_grads(model, a, g) for a, g in zip(arrs, grads, strict=True)]
         ctx.inputs = None
         out = tuple(torch.cat([p[j] for p in parts]) for j in range(3))
         return (None, *out, None, None)
