@@ -74,6 +74,31 @@ def _envs(mask: torch.Tensor) -> list[int]:
     return mask.nonzero().flatten()[:8].tolist()
 
 
+_BOUNDS: dict = {}
+
+
+def _values_ok(q: torch.Tensor, qd: torch.Tensor | None, targets: torch.Tensor | None, max_speed: bool) -> bool:
+    """The common case of :func:`_check_values` in a few torch operations (they are most of the calling thread's
+    serial time in a 2-thread step): the column-wise largest |value| of [q | qd | targets] against one bound per
+    column (the root position's, the speed's, else the largest float32, which inf and NaN both fail), and the
+    smallest root quaternion norm."""
+    parts = [q] + [x for x in (qd, targets) if x is not None]
+    key = (tuple(x.shape[1] for x in parts), qd is not None, max_speed, q.device)
+    bounds = _BOUNDS.get(key)
+    if bounds is None:
+        big = torch.finfo(torch.float32).max
+        b = [torch.full((q.shape[1],), big)]
+        b[0][_ROOT_POS] = MAX_ROOT_POSITION
+        if qd is not None:
+            b.append(torch.full((qd.shape[1],), MAX_SPEED if max_speed else big))
+        if targets is not None:
+            b.append(torch.full((targets.shape[1],), big))
+        bounds = _BOUNDS[key] = torch.cat(b).to(q.device)
+    largest = torch.cat(parts, 1).abs().amax(0)
+    quat = torch.linalg.vector_norm(q[:, _ROOT_QUAT], dim=1).amin()
+    return bool((largest <= bounds).all() & (quat >= 1e-6))
+
+
 def _check_values(q: torch.Tensor, qd: torch.Tensor | None, targets: torch.Tensor | None, max_speed: bool) -> None:
     """Raise a ValueError naming the input, the bound and the environments when a value is outside the range the
     kernels handle: NaN / inf anywhere, a root quaternion of (near) zero norm, a root position component beyond
@@ -85,16 +110,10 @@ def _check_values(q: torch.Tensor, qd: torch.Tensor | None, targets: torch.Tenso
     q = q.detach()
     qd = None if qd is None else qd.detach()
     targets = None if targets is None else targets.detach()
+    if _values_ok(q, qd, targets, max_speed):
+        return
     pos = q[:, _ROOT_POS].abs().amax(1)
     quat_ok = q[:, _ROOT_QUAT].norm(dim=1) >= 1e-6
-    ok = torch.isfinite(q).all(1) & quat_ok & (pos <= MAX_ROOT_POSITION)
-    if targets is not None:
-        ok &= torch.isfinite(targets).all(1)
-    if qd is not None:
-        # a NaN or inf entry fails the speed comparison too, so the bound also covers finiteness there
-        ok &= qd.abs().amax(1) <= MAX_SPEED if max_speed else torch.isfinite(qd).all(1)
-    if bool(ok.all()):
-        return
     for name, x in (("q", q), ("qd", qd), ("targets", targets)):
         if x is not None and not bool(torch.isfinite(x).all()):
             raise ValueError(f"{name} contains NaN or inf (environments {_envs(~torch.isfinite(x).all(1))})")
@@ -133,10 +152,6 @@ def _load_inputs(arrs: StepArrays, q: torch.Tensor, qd: torch.Tensor, targets: t
         for name, dst in arrs.physics.items():
             src = getattr(physics, name).detach().contiguous()
             wp.copy(dst, wp.from_torch(src, dtype=_VEC_FIELDS.get(name, wp.float32)))
-
-
-def _rows(physics: Physics | None, rows: slice) -> Physics | None:
-    return None if physics is None else Physics(*(t[rows] for t in physics))
 
 
 def _block_arrays(model: SimModel, index: int, n: int, grad: bool, per_env_physics: bool) -> tuple[StepArrays, bool]:
@@ -280,17 +295,18 @@ def _grad_views(grads: GradArrays) -> dict:
     return v
 
 
-def _load(arrs: StepArrays, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
+def _load(arrs: StepArrays, rows: slice, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
           physics: Physics | None) -> None:
-    """Copy one block's inputs into its arrays (through the cached views)."""
+    """Copy rows ``rows`` of the step's inputs into a block's arrays (through the cached views; run in the block's
+    thread, so the slicing and copies of two blocks overlap)."""
     v = _views(arrs)
     with torch.no_grad():
-        v["q0"].copy_(q)
-        v["qd0"].copy_(qd)
-        v["targets"].copy_(targets)
+        v["q0"].copy_(q[rows])
+        v["qd0"].copy_(qd[rows])
+        v["targets"].copy_(targets[rows])
         if physics is not None:
             for name, dst in v["physics"].items():
-                dst.copy_(getattr(physics, name))
+                dst.copy_(getattr(physics, name)[rows])
 
 
 def _forward(model: SimModel, arrs: StepArrays, reset: bool = False) -> None:
@@ -313,13 +329,36 @@ def _backward(model: SimModel, arrs: StepArrays, grads: GradArrays, grads_in: li
         launch()
 
 
-def _input_grads(model: SimModel, arrs: StepArrays, grads: GradArrays) -> list[torch.Tensor]:
-    """Fresh tensors of the gradients of (q[0], qd[0], targets); the value and gradient sets go back to their
-    pools."""
-    out = [g.clone() for g in _grad_views(grads)["g_out"]]
-    release_grads(model, grads)
-    release_step(model, arrs)
-    return out
+def _input_grads(grads: GradArrays, rows: slice, out: list[torch.Tensor]) -> None:
+    """Copy the gradients of (q[0], qd[0], targets) of one block into rows ``rows`` of ``out`` (in the block's
+    thread)."""
+    with torch.no_grad():
+        for dst, g in zip(out, _grad_views(grads)["g_out"], strict=True):
+            dst[rows].copy_(g)
+
+
+def _forward_block(model: SimModel, arrs: StepArrays, reset: bool, rows: slice, inputs: tuple,
+                   outs: list[torch.Tensor]) -> None:
+    """One row block of a step's forward, in its thread: load rows ``rows`` of ``inputs`` (q, qd, targets,
+    physics), run the launches, copy the outputs (q[S], qd[S], impulse, depth) into rows ``rows`` of ``outs``."""
+    _load(arrs, rows, *inputs)
+    _forward(model, arrs, reset)
+    v = _views(arrs)
+    with torch.no_grad():
+        for out, f in zip(outs, ("qS", "qdS", "impulse", "depth"), strict=True):
+            out[rows].copy_(v[f])
+
+
+def _backward_block(model: SimModel, arrs: StepArrays, grads: GradArrays, rows: slice, grads_in: tuple,
+                    out: list[torch.Tensor], inputs: tuple | None, reset: bool) -> None:
+    """One row block of a step's backward, in its thread: (checkpointed: ``inputs`` given) re-run the forward,
+    then the adjoint for rows ``rows`` of ``grads_in`` (of q[S], qd[S], impulse); the input gradients go to rows
+    ``rows`` of ``out``."""
+    if inputs is not None:
+        _load(arrs, rows, *inputs)
+        _forward(model, arrs, reset)
+    _backward(model, arrs, grads, [g[rows] for g in grads_in])
+    _input_grads(grads, rows, out)
 
 
 _kept = {"bytes": 0, "peak": 0}
@@ -350,14 +389,16 @@ class _WarpControlStep(torch.autograd.Function):
         blocks = split_rows(q.shape[0], thread_count(options, q.shape[0], model.device))
         taken = [_block_arrays(model, i, b.stop - b.start, keep, physics is not None) for i, b in enumerate(blocks)]
         arrs = [a for a, _ in taken]
+        n, S = q.shape[0], model.params.substeps
+        outs = [q.new_empty(n, model.nq), q.new_empty(n, model.nv), q.new_empty(n, S, model.nc),
+                q.new_empty(n, S, model.nc)]
+        for a in arrs:  # packed and viewed in this thread: Warp's lazy module load is not thread-safe (segfault
+            _record(model, a)  # seen); the block threads run torch copies, memsets and pre-packed kernel calls
+            _views(a)
+
         with _warp_stream(model):
-            for a, b in zip(arrs, blocks, strict=True):
-                _record(model, a)  # pack in this thread: Warp's lazy module load is not thread-safe (segfault seen)
-                _load(a, q[b], qd[b], targets[b], _rows(physics, b))
-            # the block threads only run memsets and pre-packed kernel calls (plain ctypes calls)
-            parallel([lambda a=a, r=r: _forward(model, a, r) for a, r in taken])
-            views = [_views(a) for a in arrs]
-            outs = [torch.cat([v[f] for v in views]) for f in ("qS", "qdS", "impulse", "depth")]
+            parallel([lambda i=i: _forward_block(model, taken[i][0], taken[i][1], blocks[i], (q, qd, targets, physics),
+                                                 outs) for i in range(len(blocks))])
         if grad:
             ctx.model, ctx.blocks, ctx.done = model, blocks, False
             if keep:
@@ -388,12 +429,11 @@ class _WarpControlStep(torch.autograd.Function):
 
         redo = arrs is None  # checkpoint: re-run each block's forward with gradients, then its adjoint
         if redo:  # arrays allocated, loaded and packed in this thread (the pool and Warp's module load are not
-            q, qd, targets, physics = ctx.inputs  # thread-safe); only the launches run in the block threads
+            physics = ctx.inputs[3]  # thread-safe); only copies, memsets and launches run in the block threads
             taken = [_block_arrays(model, i, b.stop - b.start, True, physics is not None) for i, b in enumerate(blocks)]
             arrs = [a for a, _ in taken]
-            for a, b in zip(arrs, blocks, strict=True):
+            for a in arrs:
                 _record(model, a)
-                _load(a, q[b], qd[b], targets[b], _rows(physics, b))
         # gradient sets taken, packed and viewed here: the block threads run memsets, tensor copies and kernel
         # calls only
         grads = [acquire_grads(model, a.layout) for a in arrs]
@@ -402,17 +442,18 @@ class _WarpControlStep(torch.autograd.Function):
             _grad_views(g)
             _adjoint(model, a, g)
 
-        def block(i: int) -> None:
-            b = blocks[i]
-            if redo:
-                _forward(model, arrs[i], taken[i][1])
-            _backward(model, arrs[i], grads[i], [g_q[b], g_qd[b], g_imp[b]])
+        n = g_q.shape[0]
+        out = [g_q.new_empty(n, model.nq), g_q.new_empty(n, model.nv), g_q.new_empty(n, model.nu)]
 
+        inputs = ctx.inputs if redo else None
         with _warp_stream(model):
-            parallel([lambda i=i: block(i) for i in range(len(blocks))])
-            parts = [_input_grads(model, a, g) for a, g in zip(arrs, grads, strict=True)]
+            parallel([lambda i=i: _backward_block(model, arrs[i], grads[i], blocks[i], (g_q, g_qd, g_imp), out,
+                                                  inputs, taken[i][1] if redo else False)
+                      for i in range(len(blocks))])
+        for a, g in zip(arrs, grads, strict=True):  # back to the pools, in this thread
+            release_grads(model, g)
+            release_step(model, a)
         ctx.inputs = None
-        out = tuple(torch.cat([p[j] for p in parts]) for j in range(3))
         return (None, *out, None, None)
 
 
