@@ -1,11 +1,14 @@
 """torch-facing functions of the simulator: a differentiable control step and the dynamics terms.
 
-Each :func:`step` call with gradients runs on its own write-once arrays (pooled, so a rollout reuses them), and a
-``torch.autograd.Function`` replays the adjoints of its launches in its backward pass: the launches ``wp.Tape``
-would record, packed once per pooled array set. Without gradients (``torch.no_grad()`` or inputs that do not
-require grad) the scratch arrays are reused. :mod:`bcg.sim.execution` chooses how a step runs: its batch split
-over CPU threads (default: every core), and checkpointing (the forward recomputed inside the backward, so a
-step keeps only its inputs). Results are bit-identical whatever the options.
+Each :func:`step` call with gradients runs on its own write-once arrays (a value set from a pool, so a rollout
+reuses them), and a ``torch.autograd.Function`` replays the adjoints of its launches in its backward pass: the
+launches ``wp.Tape`` would record, packed once per array set (the first set of a shape is packed by Warp, the others
+relocated from it, :mod:`bcg.sim.replay`). A pending step keeps its values only: its gradients are needed only
+while its own backward runs, so they live in a small pool of gradient sets (one per thread block), zeroed before
+each use. Without gradients (``torch.no_grad()`` or inputs that do not require grad) the scratch arrays are
+reused. :mod:`bcg.sim.execution` chooses how a step runs: its batch split over CPU threads (default: every core),
+and checkpointing (the forward recomputed inside the backward, so a step keeps only its inputs). Results are
+bit-identical whatever the options.
 """
 
 from __future__ import annotations
@@ -365,8 +368,10 @@ _kept = {"bytes": 0, "peak": 0}
 
 
 def kept_bytes(reset_peak: bool = False) -> tuple[int, int]:
-    """``(now, peak)``: bytes held for backward passes still to come by :func:`step` calls (Warp arrays and their
-    gradients of stored-forward steps; the saved input tensors of checkpointed ones). ``reset_peak`` restarts the
+    """``(now, peak)``: bytes held for backward passes still to come by :func:`step` calls (the Warp arrays' values
+    of stored-forward steps; the saved input tensors of checkpointed ones). Not counted: the pooled scratch a
+    backward runs on, the same for any number of pending steps (one gradient set per thread block, plus for
+    checkpointed steps one value set per block: 4.4 MiB each per 32 environments). ``reset_peak`` restarts the
     peak at the current value (call it before a rollout to measure that rollout)."""
     if reset_peak:
         _kept["peak"] = _kept["bytes"]
