@@ -5,6 +5,7 @@ Nothing here touches torch. :mod:`bcg.sim.step` wraps :func:`run_control_step` i
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -18,8 +19,8 @@ __all__ = [
     "FieldSpec",
     "GradArrays",
     "Launch",
-    "SetLayout",
     "ModelArrays",
+    "SetLayout",
     "StepArrays",
     "acquire_grads",
     "allocate_step",
@@ -197,6 +198,11 @@ class SetLayout:
     zero_nbytes: int
     """``[0, zero_nbytes)``: zeroed at creation (:data:`RESET_FIELDS` and :data:`CREATE_ZEROED`)."""
 
+    @property
+    def grad_fields(self) -> tuple[FieldSpec, ...]:
+        """The differentiable arrays (all but the physics, which come last)."""
+        return tuple(f for f in self.fields if f.group != "physics")
+
     def find(self, group: str, index: int = 0, name: str = "") -> FieldSpec:
         """The spec of one array (``find("q", S)``, ``find("sub", k, "H")``, ``find("physics", 0, "mu")``)."""
         for f in self.fields:
@@ -282,7 +288,7 @@ def _views(buffer: wp.array, fields: tuple[FieldSpec, ...]) -> list[wp.array]:
                      capacity=f.nbytes) for f in fields]
 
 
-_serial = iter(range(1, 2**62))
+_serial = itertools.count(1)
 
 
 class GradArrays:
@@ -316,11 +322,8 @@ class GradArrays:
     def views(self) -> list[wp.array]:
         """Warp arrays of the gradients, in the order of ``layout.fields`` (the differentiable ones), made once."""
         if self._views is None:
-            self._views = _views(self.buffer, self.layout.fields[:self._count()])
+            self._views = _views(self.buffer, self.layout.grad_fields)
         return self._views
-
-    def _count(self) -> int:
-        return sum(1 for f in self.layout.fields if f.group != "physics")
 
 
 class StepArrays:
