@@ -202,7 +202,7 @@ def _packed(model: SimModel, key: tuple, cmds: list, ranges: list[tuple[int, int
     packed = [pack(c) for c in cmds]
     if all(p is not None for p in packed):
         try:
-            model.warp.templates[key] = ([start for start, _ in ranges], [Relocatable(p, ranges) for p in packed])
+            model.warp.templates[key] = ([start for start, _ in ranges], Relocatable(packed, ranges))
         except ValueError:  # an argument type the relocation does not know: record every set
             pass
     return [c.launch if p is None else p.call for p, c in zip(packed, cmds, strict=True)]
@@ -219,8 +219,8 @@ def _record(model: SimModel, arrs: StepArrays) -> list[Callable[[], None]]:
     key = ("forward", arrs.n, arrs.per_env_physics)
     template = model.warp.templates.get(key) if arrs.own_grads is None else None
     if template is not None:
-        (base,), relocs = template
-        out = [r.at([arrs.ptr - base]).call for r in relocs]
+        (base,), reloc = template
+        out = [p.call for p in reloc.at([arrs.ptr - base])]
     else:
         cmds = _recorded(model, arrs, adjoint=False)
         if arrs.own_grads is None:
@@ -242,8 +242,8 @@ def _adjoint(model: SimModel, arrs: StepArrays, grads: GradArrays) -> list[Calla
     key = ("adjoint", arrs.n, arrs.per_env_physics)
     template = model.warp.templates.get(key)
     if template is not None:
-        (vbase, gbase), relocs = template
-        out = [r.at([arrs.ptr - vbase, grads.ptr - gbase]).call for r in relocs]
+        (vbase, gbase), reloc = template
+        out = [p.call for p in reloc.at([arrs.ptr - vbase, grads.ptr - gbase])]
     else:
         arrs.attach_grads(grads)
         try:

@@ -8,9 +8,9 @@ same struct Warp would build (Warp's own ``_build_cpu_args_structs``), so result
 
 Packing itself costs about 0.2 ms per launch (Warp's ``wp.launch`` argument handling), 11 ms per array set of a
 control step: paid for every new set, it made the first gradient rollout of a process 2-3x slower than the next.
-Array sets of the same shape differ only in where their arrays are, so :class:`Relocatable` packs one set's launch
-and derives the others' by adding the distance between the buffers to the pointer fields of a copy of the
-struct (a few microseconds).
+Array sets of the same shape differ only in where their arrays are, so :class:`Relocatable` keeps one set's packed
+launches and derives the others' by adding the distance between the buffers to the pointer fields of a copy of
+the structs.
 
 Anything this cannot prove equivalent (a CUDA launch, a cooperative CPU launch with ``block_dim > 1``, an argument
 type other than plain arrays and values, a Warp without the helper) falls back to ``cmd.launch`` (and is not
@@ -80,49 +80,57 @@ def _plain(ftype: type) -> bool:
 
 
 class Relocatable:
-    """A packed launch on arrays in some buffers, re-targetable to the same layout in other buffers.
+    """The packed launches of one array set, re-targetable to sets of the same layout in other buffers.
 
-    ``ranges``: the ``(start, nbytes)`` of each buffer the launch's arrays may point into. :meth:`at` gives the
-    launch with every array pointer inside range ``j`` moved by ``deltas[j]`` bytes; pointers elsewhere (the
+    ``ranges``: the ``(start, nbytes)`` of each buffer the launches' arrays may point into. :meth:`at` gives the
+    launches with every array pointer inside range ``j`` moved by ``deltas[j]`` bytes; pointers elsewhere (the
     model's shared arrays, absent gradients) are kept. Only the ``data`` / ``grad`` fields of Warp's ``array_t``
-    arguments are touched, found from the struct's field types (not by value), so no other number can be taken
-    for a pointer.
+    arguments are touched, found from the structs' field types (not by value), so no other number can be taken
+    for a pointer. All the structs of the set live in one byte string, so moving them is one copy and one
+    vectorised add (0.09 ms for a control step's 28 forward launches, 0.14 ms for their adjoints, measured under
+    load; about 1 ms struct by struct, 6 ms when Warp packs them).
     """
 
-    def __init__(self, packed: PackedLaunch, ranges: Sequence[tuple[int, int]]):
-        self.packed = packed
+    def __init__(self, launches: Sequence[PackedLaunch], ranges: Sequence[tuple[int, int]]):
         self.n_ranges = len(ranges)
-        self._select = []
-        for struct in (packed.args, packed.adj_args):
-            if struct is None:
-                self._select.append(None)
-                continue
-            words = _array_pointer_words(struct)
-            if words is None:
-                raise ValueError("launch has arguments whose pointers cannot be relocated")
-            values = np.frombuffer(struct, dtype=np.int64, count=ctypes.sizeof(struct) // 8)[words]
-            picks = []
-            for start, size in ranges:
-                inside = (values >= start) & (values < start + size)
-                picks.append(np.asarray(words, dtype=np.intp)[inside])
-            self._select.append(picks)
+        parts, words, self._slots = [], [], []
+        offset = 0
+        for p in launches:
+            slot = [p.hook, p.bounds]
+            for struct in (p.args, p.adj_args):
+                if struct is None:
+                    slot.append(None)
+                    continue
+                pointers = _array_pointer_words(struct)
+                if pointers is None:
+                    raise ValueError("launch has arguments whose pointers cannot be relocated")
+                size = ctypes.sizeof(struct)
+                padded = -(-size // 8) * 8  # every struct starts on an 8-byte word
+                parts.append(bytes(struct) + bytes(padded - size))
+                words += [offset // 8 + w for w in pointers]
+                slot.append((type(struct), offset))
+                offset += padded
+            self._slots.append(tuple(slot))
+        self._blob = b"".join(parts)
+        index = np.asarray(words, dtype=np.intp)
+        values = np.frombuffer(self._blob, dtype=np.int64)[index]
+        self._picks = [index[(values >= start) & (values < start + size)] for start, size in ranges]
 
-    def at(self, deltas: Sequence[int]) -> PackedLaunch:
-        """The launch on the arrays moved by ``deltas`` (bytes, one per range)."""
+    def at(self, deltas: Sequence[int]) -> list[PackedLaunch]:
+        """The launches on the arrays moved by ``deltas`` (bytes, one per range)."""
         if len(deltas) != self.n_ranges:
             raise ValueError(f"expected {self.n_ranges} deltas, got {len(deltas)}")
-        moved = []
-        for struct, picks in zip((self.packed.args, self.packed.adj_args), self._select):
-            if struct is None:
-                moved.append(None)
-                continue
-            copy = type(struct).from_buffer_copy(struct)
-            words = np.frombuffer(copy, dtype=np.int64, count=ctypes.sizeof(copy) // 8)  # a view into the copy
-            for idx, d in zip(picks, deltas):
-                if d and idx.size:
-                    words[idx] += d
-            moved.append(copy)
-        return PackedLaunch(self.packed.hook, self.packed.bounds, moved[0], moved[1])
+        buf = bytearray(self._blob)  # the structs below are views of it and keep it alive
+        words = np.frombuffer(buf, dtype=np.int64)
+        for idx, d in zip(self._picks, deltas):
+            if d and idx.size:
+                words[idx] += d
+        del words  # release numpy's export of the buffer
+        out = []
+        for hook, bounds, args, adj in self._slots:
+            out.append(PackedLaunch(hook, bounds, args[0].from_buffer(buf, args[1]),
+                                    None if adj is None else adj[0].from_buffer(buf, adj[1])))
+        return out
 
 
 def pack(cmd: Any) -> PackedLaunch | None:
