@@ -1,12 +1,13 @@
 """How well the thread split of ``bcg.sim.step`` divides the work, measured in CPU time (robust to a busy machine).
 
 Wall-clock ratios of 2 threads over 1 need two free cores. CPU time does not: for rollouts with 1 and with 2 threads
-this script records the CPU time each block thread spends in its launches (``time.thread_time`` around the block
-functions of :mod:`bcg.sim.bridge`) and the CPU time of the whole process. With two free cores the 2-thread wall
-time would be about ``serial + max(block)``, where ``serial`` is the process CPU time not spent in the blocks (the
-calling thread's checks, copies, packing and torch work), so the estimated speedup is
-``cpu(1 thread) / (serial(2 threads) + max block(2 threads))``. The blocks' CPU time together against the one
-block of 1 thread shows whether splitting makes the kernels themselves slower (smaller launches, shared caches).
+this script records the CPU time each block thread spends on its blocks (``time.thread_time`` around the block
+functions of :mod:`bcg.sim.bridge`: copies in and out, memsets, launches) and the CPU time of the whole process.
+With two free cores the 2-thread wall time would be about ``serial + max(block)``, where ``serial`` is the process
+CPU time not spent in the blocks (the calling thread's checks, allocation of the outputs, packing, pool bookkeeping
+and torch autograd work), so the estimated speedup is ``cpu(1 thread) / (serial(2 threads) + max block(2
+threads))``. The blocks' CPU time together against the one block of 1 thread shows whether splitting makes the
+kernels themselves slower (smaller launches, shared caches).
 
     python benchmarks/thread_split.py [--n 64] [--steps 32] [--repeats 3]
 """
@@ -28,7 +29,7 @@ def measure(model, n: int, steps: int, grad: bool, threads: int) -> tuple[float,
 
     per_thread: dict[str, float] = defaultdict(float)
     lock = threading.Lock()
-    originals = {name: getattr(bridge, name) for name in ("_forward", "_backward")}
+    originals = {name: getattr(bridge, name) for name in ("_forward_block", "_backward_block")}
 
     def timed(fn):
         def run(*args, **kwargs):

@@ -38,7 +38,8 @@ def test_checkpoint_gradients_are_bit_identical(g1_model, threads: int) -> None:
     ckpt, held_ckpt, after_ckpt = _run(g1_model, n, steps, checkpoint=True, threads=threads, min_rows_per_thread=8)
     for a, b in zip(stored, ckpt, strict=True):
         assert torch.equal(a, b)
-    # stored: every substep's scratch and gradients (about 4.4 MiB per control step at N = 32, measured);
+    # stored: every substep's scratch values (4.4 MiB per control step at N = 32, measured; the gradients come
+    # from a shared pool and are not kept per step);
     # checkpointed: q, qd, targets of each step (32 x 100 float32 = 12.8 KB per step)
     assert held_stored > 6 * 3 * 2**20
     assert held_ckpt == steps * n * (36 + 35 + 29) * 4

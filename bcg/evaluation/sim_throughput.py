@@ -7,8 +7,9 @@ Per N (``--sizes``), a rollout is 32 control steps x 4 substeps from the standin
   array pool), the others are the best of ``--repeats``;
 * ``mujoco``: C MuJoCo ``mj_step`` on the same MJCF with a floor, same h, N x 32 x 4 steps, one environment after
   the other (single thread); ``fwd/mj`` and ``(fwd+bwd)/mj`` are our times over MuJoCo's;
-* ``kept``: bytes held for the backward at the end of the forward (Warp arrays and gradients; with
-  ``checkpoint`` only the step inputs), and the process' peak resident memory.
+* ``kept``: bytes held for the backward at the end of the forward (the Warp arrays' values; with ``checkpoint``
+  only the step inputs; the pooled gradient sets a backward runs on, one per thread block, are printed in the
+  ratios block), and the process' peak resident memory.
 
 Then the ratios block at ``--ratio-n`` (default 64), every pair timed alternately in the same run:
 
@@ -286,10 +287,14 @@ def main(argv: list[str] | None = None) -> dict:
             ckpt = rollout_time(model, n, args.steps, True, checkpoint=True)
             t = _alternate({"s": lambda: rollout_time(model, n, args.steps, True, checkpoint=False)[0],
                             "c": lambda: rollout_time(model, n, args.steps, True, checkpoint=True)[0]}, args.repeats)
+            # the scratch every backward runs on, the same for any horizon (not part of kept_bytes)
+            pooled = sum(g.nbytes for sets in model.warp.grad_sets.values() for g in sets)
             r.update(kept_stored_mib=stored[1] / 2**20, kept_checkpoint_mib=ckpt[1] / 2**20,
+                     pooled_gradients_mib=pooled / 2**20,
                      checkpoint_time_ratio=t["c"] / t["s"], checkpoint_first_over_warm=first_ckpt / t["c"])
             print(f"kept for backward, {n} x {args.steps} steps: stored forward {r['kept_stored_mib']:.0f} MiB, "
-                  f"checkpointed {r['kept_checkpoint_mib']:.2f} MiB   [<= 350 MiB]; checkpointed / stored time "
+                  f"checkpointed {r['kept_checkpoint_mib']:.2f} MiB   [<= 350 MiB] (plus the pooled gradient sets a "
+                  f"backward runs on: {r['pooled_gradients_mib']:.1f} MiB); checkpointed / stored time "
                   f"{r['checkpoint_time_ratio']:.2f}; checkpointed first / warm gradient rollout "
                   f"{r['checkpoint_first_over_warm']:.2f}   [<= 1.2]", flush=True)
         if not args.no_env:

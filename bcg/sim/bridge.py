@@ -1,26 +1,33 @@
 """torch-facing functions of the simulator: a differentiable control step and the dynamics terms.
 
-Each :func:`step` call with gradients runs on its own write-once arrays (pooled, so a rollout reuses them), and a
-``torch.autograd.Function`` replays the adjoints of its launches in its backward pass: the launches ``wp.Tape``
-would record, packed once per pooled array set. Without gradients (``torch.no_grad()`` or inputs that do not
-require grad) the scratch arrays are reused. :mod:`bcg.sim.execution` chooses how a step runs: its batch split
-over CPU threads (default: every core), and checkpointing (the forward recomputed inside the backward, so a
-step keeps only its inputs). Results are bit-identical whatever the options.
+Each :func:`step` call with gradients runs on its own write-once arrays (a value set from a pool, so a rollout
+reuses them), and a ``torch.autograd.Function`` replays the adjoints of its launches in its backward pass: the
+launches ``wp.Tape`` would record, packed once per array set (the first set of a shape is packed by Warp, the others
+relocated from it, :mod:`bcg.sim.replay`). A pending step keeps its values only: its gradients are needed only
+while its own backward runs, so they live in a small pool of gradient sets (one per thread block), zeroed before
+each use. Without gradients (``torch.no_grad()`` or inputs that do not require grad) the scratch arrays are
+reused. :mod:`bcg.sim.execution` chooses how a step runs: its batch split over CPU threads (default: every core),
+and checkpointing (the forward recomputed inside the backward, so a step keeps only its inputs). Results are
+bit-identical whatever the options.
 """
 
 from __future__ import annotations
 
 import contextlib
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import warp as wp
 
 from bcg.sim.engine import (
+    FieldSpec,
+    GradArrays,
     StepArrays,
+    acquire_grads,
     allocate_step,
     model_arrays,
+    release_grads,
     release_step,
     run_dynamics_terms,
     substep_launches,
@@ -29,7 +36,7 @@ from bcg.sim.execution import ExecutionOptions, execution_options, parallel, spl
 from bcg.sim.model import MAX_SPEED, SimModel
 from bcg.sim.physics import Physics, check_physics
 from bcg.sim.reference import ContactReport
-from bcg.sim.replay import prepack
+from bcg.sim.replay import Relocatable, pack, prepack
 
 __all__ = ["MAX_ROOT_POSITION", "step", "mass_matrix", "bias_forces", "kept_bytes", "ContactReport"]
 
@@ -70,6 +77,31 @@ def _envs(mask: torch.Tensor) -> list[int]:
     return mask.nonzero().flatten()[:8].tolist()
 
 
+_BOUNDS: dict = {}
+
+
+def _values_ok(q: torch.Tensor, qd: torch.Tensor | None, targets: torch.Tensor | None, max_speed: bool) -> bool:
+    """The common case of :func:`_check_values` in a few torch operations (they are most of the calling thread's
+    serial time in a 2-thread step): the column-wise largest |value| of [q | qd | targets] against one bound per
+    column (the root position's, the speed's, else the largest float32, which inf and NaN both fail), and the
+    smallest root quaternion norm."""
+    parts = [q] + [x for x in (qd, targets) if x is not None]
+    key = (tuple(x.shape[1] for x in parts), qd is not None, max_speed, q.device)
+    bounds = _BOUNDS.get(key)
+    if bounds is None:
+        big = torch.finfo(torch.float32).max
+        b = [torch.full((q.shape[1],), big)]
+        b[0][_ROOT_POS] = MAX_ROOT_POSITION
+        if qd is not None:
+            b.append(torch.full((qd.shape[1],), MAX_SPEED if max_speed else big))
+        if targets is not None:
+            b.append(torch.full((targets.shape[1],), big))
+        bounds = _BOUNDS[key] = torch.cat(b).to(q.device)
+    largest = torch.cat(parts, 1).abs().amax(0)
+    quat = torch.linalg.vector_norm(q[:, _ROOT_QUAT], dim=1).amin()
+    return bool((largest <= bounds).all() & (quat >= 1e-6))
+
+
 def _check_values(q: torch.Tensor, qd: torch.Tensor | None, targets: torch.Tensor | None, max_speed: bool) -> None:
     """Raise a ValueError naming the input, the bound and the environments when a value is outside the range the
     kernels handle: NaN / inf anywhere, a root quaternion of (near) zero norm, a root position component beyond
@@ -81,16 +113,10 @@ def _check_values(q: torch.Tensor, qd: torch.Tensor | None, targets: torch.Tenso
     q = q.detach()
     qd = None if qd is None else qd.detach()
     targets = None if targets is None else targets.detach()
+    if _values_ok(q, qd, targets, max_speed):
+        return
     pos = q[:, _ROOT_POS].abs().amax(1)
     quat_ok = q[:, _ROOT_QUAT].norm(dim=1) >= 1e-6
-    ok = torch.isfinite(q).all(1) & quat_ok & (pos <= MAX_ROOT_POSITION)
-    if targets is not None:
-        ok &= torch.isfinite(targets).all(1)
-    if qd is not None:
-        # a NaN or inf entry fails the speed comparison too, so the bound also covers finiteness there
-        ok &= qd.abs().amax(1) <= MAX_SPEED if max_speed else torch.isfinite(qd).all(1)
-    if bool(ok.all()):
-        return
     for name, x in (("q", q), ("qd", qd), ("targets", targets)):
         if x is not None and not bool(torch.isfinite(x).all()):
             raise ValueError(f"{name} contains NaN or inf (environments {_envs(~torch.isfinite(x).all(1))})")
@@ -131,16 +157,12 @@ def _load_inputs(arrs: StepArrays, q: torch.Tensor, qd: torch.Tensor, targets: t
             wp.copy(dst, wp.from_torch(src, dtype=_VEC_FIELDS.get(name, wp.float32)))
 
 
-def _rows(physics: Physics | None, rows: slice) -> Physics | None:
-    return None if physics is None else Physics(*(t[rows] for t in physics))
-
-
 def _block_arrays(model: SimModel, index: int, n: int, grad: bool, per_env_physics: bool) -> tuple[StepArrays, bool]:
     """Arrays of row block ``index`` (``n`` rows) of a step, and whether they are reused (so need
-    ``reset_for_reuse()``, which the caller runs in the block's thread: re-zeroing a gradient set's 169 arrays is
-    2.5 ms per step at N = 64, serial if done here). With gradients: a set of its own, from the engine's pool of
-    released sets when it has one (what ``allocate_step`` does, minus the reset). Without: a reused workspace per
-    block (two equal blocks running at once need two)."""
+    ``reset_for_reuse()``, which the caller runs in the block's thread). With gradients: a value set of its own
+    (its gradients come from a shared :class:`GradArrays` in the backward), from the engine's pool of released
+    sets when it has one (what ``allocate_step`` does, minus the reset). Without: a reused workspace per block (two
+    equal blocks running at once need two)."""
     model_arrays(model)
     cache = model.warp
     if grad:
@@ -149,7 +171,7 @@ def _block_arrays(model: SimModel, index: int, n: int, grad: bool, per_env_physi
             arrs = pool.pop()
             cache.pool_bytes -= arrs.nbytes
             return arrs, True
-        return StepArrays(model, n, requires_grad=True, per_env_physics=per_env_physics), False
+        return StepArrays(model, n, requires_grad=True, per_env_physics=per_env_physics, grads="pooled"), False
     spaces = cache.__dict__.setdefault("block_workspaces", {})
     key = (index, n, per_env_physics)
     arrs = spaces.get(key)
@@ -159,92 +181,197 @@ def _block_arrays(model: SimModel, index: int, n: int, grad: bool, per_env_physi
     return arrs, True
 
 
-def _record(model: SimModel, arrs: StepArrays) -> tuple[list, list]:
-    """The forward launches of a step's arrays and (arrays with gradients) their adjoints in reverse order, packed
-    once per array set (pooled and cached sets are reused, so the packing is paid once, not per step): the same
-    kernels and arguments ``wp.Tape`` records and replays, without its per-launch argument packing."""
-    cached = getattr(arrs, "bcg_commands", None)
-    if cached is not None:
-        return cached
-    adjoint = wp.Tape().get_adjoint  # Warp's own rule for the adjoint argument of each kernel argument
-    fwd, bwd = [], []
+def _recorded(model: SimModel, arrs: StepArrays, adjoint: bool) -> list:
+    """The step's launches recorded (not run) on the views of ``arrs``: forward in order, or (``adjoint``) their
+    adjoints in reverse order with the arguments ``wp.Tape`` would pass (each array's ``.grad``)."""
+    get_adjoint = wp.Tape().get_adjoint  # Warp's own rule for the adjoint argument of each kernel argument
+    cmds = []
     for k in range(model.params.substeps):
         for launch in substep_launches(model, arrs, k):
             kw = dict(dim=arrs.n, inputs=launch.inputs, outputs=launch.outputs, device=model.device, record_cmd=True)
-            fwd.append(prepack(wp.launch(launch.kernel, **kw)))
-            if arrs.requires_grad:
-                bwd.append(prepack(wp.launch(launch.kernel, adj_inputs=[adjoint(a) for a in launch.inputs],
-                                             adj_outputs=[adjoint(a) for a in launch.outputs], adjoint=True, **kw)))
-    arrs.bcg_commands = (fwd, bwd[::-1])
-    return arrs.bcg_commands
+            if adjoint:
+                kw.update(adj_inputs=[get_adjoint(a) for a in launch.inputs],
+                          adj_outputs=[get_adjoint(a) for a in launch.outputs], adjoint=True)
+            cmds.append(wp.launch(launch.kernel, **kw))
+    return cmds[::-1] if adjoint else cmds
+
+
+def _packed(model: SimModel, key: tuple, cmds: list, ranges: list[tuple[int, int]]) -> list[Callable[[], None]]:
+    """Callables of the recorded ``cmds``, and (when every one packs and relocates) the template ``key`` that the
+    next sets of this shape are relocated from instead of recorded."""
+    packed = [pack(c) for c in cmds]
+    if all(p is not None for p in packed):
+        try:
+            model.warp.templates[key] = ([start for start, _ in ranges], Relocatable(packed, ranges))
+        except ValueError:  # an argument type the relocation does not know: record every set
+            pass
+    return [c.launch if p is None else p.call for p, c in zip(packed, cmds, strict=True)]
+
+
+def _record(model: SimModel, arrs: StepArrays) -> list[Callable[[], None]]:
+    """The forward launches of a step's arrays, packed once per array set (pooled and cached sets are reused, so
+    this is paid once per set, not per step): the same kernels and arguments ``wp.Tape`` records, without its
+    per-launch argument packing. The first set of a shape is recorded and packed; the others are relocated from
+    it (:class:`bcg.sim.replay.Relocatable`: a copy of its structs with the pointers moved to their buffer)."""
+    cached = getattr(arrs, "bcg_forward", None)
+    if cached is not None:
+        return cached
+    key = ("forward", arrs.n, arrs.per_env_physics)
+    template = model.warp.templates.get(key) if arrs.own_grads is None else None
+    if template is not None:
+        (base,), reloc = template
+        out = [p.call for p in reloc.at([arrs.ptr - base])]
+    else:
+        cmds = _recorded(model, arrs, adjoint=False)
+        if arrs.own_grads is None:
+            out = _packed(model, key, cmds, [(arrs.ptr, arrs.layout.nbytes)])
+        else:
+            out = [prepack(c) for c in cmds]
+    arrs.bcg_forward = out
+    return out
+
+
+def _adjoint(model: SimModel, arrs: StepArrays, grads: GradArrays) -> list[Callable[[], None]]:
+    """The adjoint launches of a step's value set ``arrs`` with the gradient set ``grads`` (reverse order), packed
+    once per (value set, gradient set) pair: the first pair of a shape is recorded with ``grads`` attached as the
+    arrays' ``.grad`` (exactly the tape's arguments), the others relocated from it."""
+    cache = arrs.__dict__.setdefault("bcg_adjoint", {})
+    hit = cache.get(grads.serial)
+    if hit is not None:
+        return hit
+    key = ("adjoint", arrs.n, arrs.per_env_physics)
+    template = model.warp.templates.get(key)
+    if template is not None:
+        (vbase, gbase), reloc = template
+        out = [p.call for p in reloc.at([arrs.ptr - vbase, grads.ptr - gbase])]
+    else:
+        arrs.attach_grads(grads)
+        try:
+            cmds = _recorded(model, arrs, adjoint=True)
+        finally:
+            arrs.attach_grads(None)  # the recorded arguments keep the pointers; the views need no gradients
+        out = _packed(model, key, cmds, [(arrs.ptr, arrs.layout.nbytes), (grads.ptr, grads.nbytes)])
+    if len(cache) >= 4:  # a set meets only a few gradient sets (one per block and concurrent backward)
+        cache.clear()
+    cache[grads.serial] = out
+    return out
+
+
+def _field(flat: torch.Tensor, spec: FieldSpec) -> torch.Tensor:
+    """The torch view of one array of a set from the torch view of its whole float32 buffer."""
+    start = spec.offset // 4
+    return flat[start:start + spec.nbytes // 4].view(*spec.shape, *spec.inner_shape)
 
 
 def _views(arrs: StepArrays) -> dict:
-    """torch views of the arrays a step reads and writes (and their gradients), made once per array set: a
-    ``copy_`` into a view is one torch operation, where ``wp.from_torch`` + ``wp.copy`` (or ``wp.to_torch``) build
-    Warp or torch array objects on every step (about 20 us each, in the calling thread, serial to the blocks)."""
+    """torch views of the arrays a step reads and writes, made once per array set (slices of one torch view of the
+    set's buffer): a ``copy_`` into a view is one torch operation, where ``wp.from_torch`` + ``wp.copy`` (or
+    ``wp.to_torch``) build Warp or torch array objects on every step (about 20 us each, in the calling thread,
+    serial to the blocks)."""
     cached = getattr(arrs, "bcg_views", None)
     if cached is not None:
         return cached
-    S = len(arrs.q) - 1
-
-    def view(a: wp.array) -> torch.Tensor:
-        return wp.to_torch(a, requires_grad=False)
-
-    v = dict(q0=view(arrs.q[0]), qd0=view(arrs.qd[0]), targets=view(arrs.targets), qS=view(arrs.q[S]),
-             qdS=view(arrs.qd[S]), impulse=view(arrs.impulse), depth=view(arrs.depth),
-             physics={name: view(a) for name, a in (arrs.physics or {}).items()})
-    if arrs.requires_grad:
-        v.update(g_in=[view(a.grad) for a in (arrs.q[S], arrs.qd[S], arrs.impulse)],
-                 g_out=[view(a.grad) for a in (arrs.q[0], arrs.qd[0], arrs.targets)])
+    lay = arrs.layout
+    S = sum(1 for f in lay.fields if f.group == "q") - 1
+    flat = wp.to_torch(arrs.buffer, requires_grad=False)
+    v = dict(q0=_field(flat, lay.find("q", 0)), qd0=_field(flat, lay.find("qd", 0)),
+             targets=_field(flat, lay.find("targets")), qS=_field(flat, lay.find("q", S)),
+             qdS=_field(flat, lay.find("qd", S)), impulse=_field(flat, lay.find("impulse")),
+             depth=_field(flat, lay.find("depth")),
+             physics={f.name: _field(flat, f) for f in lay.fields if f.group == "physics"})
     arrs.bcg_views = v
     return v
 
 
-def _load(arrs: StepArrays, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
+def _grad_views(grads: GradArrays) -> dict:
+    """torch views of the gradients a backward copies in (of q[S], qd[S], impulse) and out (of q[0], qd[0],
+    targets), made once per gradient set."""
+    cached = getattr(grads, "bcg_views", None)
+    if cached is not None:
+        return cached
+    lay = grads.layout
+    S = sum(1 for f in lay.fields if f.group == "q") - 1
+    flat = wp.to_torch(grads.buffer, requires_grad=False)
+    v = dict(g_in=[_field(flat, lay.find(*k)) for k in (("q", S), ("qd", S), ("impulse",))],
+             g_out=[_field(flat, lay.find(*k)) for k in (("q", 0), ("qd", 0), ("targets",))])
+    grads.bcg_views = v
+    return v
+
+
+def _load(arrs: StepArrays, rows: slice, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
           physics: Physics | None) -> None:
-    """Copy one block's inputs into its arrays (through the cached views)."""
+    """Copy rows ``rows`` of the step's inputs into a block's arrays (through the cached views; run in the block's
+    thread, so the slicing and copies of two blocks overlap)."""
     v = _views(arrs)
     with torch.no_grad():
-        v["q0"].copy_(q)
-        v["qd0"].copy_(qd)
-        v["targets"].copy_(targets)
+        v["q0"].copy_(q[rows])
+        v["qd0"].copy_(qd[rows])
+        v["targets"].copy_(targets[rows])
         if physics is not None:
             for name, dst in v["physics"].items():
-                dst.copy_(getattr(physics, name))
+                dst.copy_(getattr(physics, name)[rows])
 
 
 def _forward(model: SimModel, arrs: StepArrays, reset: bool = False) -> None:
     """Run the recorded forward of ``arrs`` (inputs loaded), re-zeroing reused arrays first (``reset``)."""
     if reset:
         arrs.reset_for_reuse()
-    for launch in _record(model, arrs)[0]:
+    for launch in _record(model, arrs):
         launch()
 
 
-def _backward(model: SimModel, arrs: StepArrays, grads_in: list[torch.Tensor]) -> None:
-    """Adjoint of the recorded forward of ``arrs`` for incoming gradients ``grads_in`` of (q[S], qd[S], impulse);
-    leaves the gradients of (q[0], qd[0], targets) in their ``.grad``."""
+def _backward(model: SimModel, arrs: StepArrays, grads: GradArrays, grads_in: list[torch.Tensor]) -> None:
+    """Adjoint of the recorded forward of ``arrs`` on the gradient set ``grads`` (zeroed here) for incoming
+    gradients ``grads_in`` of (q[S], qd[S], impulse); leaves the gradients of (q[0], qd[0], targets) in ``grads``.
+    """
+    grads.zero()  # the adjoints accumulate: every gradient starts at 0, then the incoming ones are set
     with torch.no_grad():
-        for dst, g in zip(_views(arrs)["g_in"], grads_in, strict=True):
+        for dst, g in zip(_grad_views(grads)["g_in"], grads_in, strict=True):
             dst.copy_(g)
-    for launch in _record(model, arrs)[1]:
+    for launch in _adjoint(model, arrs, grads):
         launch()
 
 
-def _input_grads(model: SimModel, arrs: StepArrays) -> list[torch.Tensor]:
-    """Fresh tensors of the gradients of (q[0], qd[0], targets); the arrays go back to the pool."""
-    out = [g.clone() for g in _views(arrs)["g_out"]]
-    release_step(model, arrs)
-    return out
+def _input_grads(grads: GradArrays, rows: slice, out: list[torch.Tensor]) -> None:
+    """Copy the gradients of (q[0], qd[0], targets) of one block into rows ``rows`` of ``out`` (in the block's
+    thread)."""
+    with torch.no_grad():
+        for dst, g in zip(out, _grad_views(grads)["g_out"], strict=True):
+            dst[rows].copy_(g)
+
+
+def _forward_block(model: SimModel, arrs: StepArrays, reset: bool, rows: slice, inputs: tuple,
+                   outs: list[torch.Tensor]) -> None:
+    """One row block of a step's forward, in its thread: load rows ``rows`` of ``inputs`` (q, qd, targets,
+    physics), run the launches, copy the outputs (q[S], qd[S], impulse, depth) into rows ``rows`` of ``outs``."""
+    _load(arrs, rows, *inputs)
+    _forward(model, arrs, reset)
+    v = _views(arrs)
+    with torch.no_grad():
+        for out, f in zip(outs, ("qS", "qdS", "impulse", "depth"), strict=True):
+            out[rows].copy_(v[f])
+
+
+def _backward_block(model: SimModel, arrs: StepArrays, grads: GradArrays, rows: slice, grads_in: tuple,
+                    out: list[torch.Tensor], inputs: tuple | None, reset: bool) -> None:
+    """One row block of a step's backward, in its thread: (checkpointed: ``inputs`` given) re-run the forward,
+    then the adjoint for rows ``rows`` of ``grads_in`` (of q[S], qd[S], impulse); the input gradients go to rows
+    ``rows`` of ``out``."""
+    if inputs is not None:
+        _load(arrs, rows, *inputs)
+        _forward(model, arrs, reset)
+    _backward(model, arrs, grads, [g[rows] for g in grads_in])
+    _input_grads(grads, rows, out)
 
 
 _kept = {"bytes": 0, "peak": 0}
 
 
 def kept_bytes(reset_peak: bool = False) -> tuple[int, int]:
-    """``(now, peak)``: bytes held for backward passes still to come by :func:`step` calls (Warp arrays and their
-    gradients of stored-forward steps; the saved input tensors of checkpointed ones). ``reset_peak`` restarts the
+    """``(now, peak)``: bytes held for backward passes still to come by :func:`step` calls (the Warp arrays' values
+    of stored-forward steps; the saved input tensors of checkpointed ones). Not counted: the pooled scratch a
+    backward runs on, the same for any number of pending steps (one gradient set per thread block, plus for
+    checkpointed steps one value set per block: 4.4 MiB each per 32 environments). ``reset_peak`` restarts the
     peak at the current value (call it before a rollout to measure that rollout)."""
     if reset_peak:
         _kept["peak"] = _kept["bytes"]
@@ -267,14 +394,16 @@ class _WarpControlStep(torch.autograd.Function):
         blocks = split_rows(q.shape[0], thread_count(options, q.shape[0], model.device))
         taken = [_block_arrays(model, i, b.stop - b.start, keep, physics is not None) for i, b in enumerate(blocks)]
         arrs = [a for a, _ in taken]
+        n, S = q.shape[0], model.params.substeps
+        outs = [q.new_empty(n, model.nq), q.new_empty(n, model.nv), q.new_empty(n, S, model.nc),
+                q.new_empty(n, S, model.nc)]
+        for a in arrs:  # packed and viewed in this thread: Warp's lazy module load is not thread-safe (segfault
+            _record(model, a)  # seen); the block threads run torch copies, memsets and pre-packed kernel calls
+            _views(a)
+
         with _warp_stream(model):
-            for a, b in zip(arrs, blocks, strict=True):
-                _record(model, a)  # pack in this thread: Warp's lazy module load is not thread-safe (segfault seen)
-                _load(a, q[b], qd[b], targets[b], _rows(physics, b))
-            # the block threads only run memsets and pre-packed kernel calls (plain ctypes calls)
-            parallel([lambda a=a, r=r: _forward(model, a, r) for a, r in taken])
-            views = [_views(a) for a in arrs]
-            outs = [torch.cat([v[f] for v in views]) for f in ("qS", "qdS", "impulse", "depth")]
+            parallel([lambda i=i: _forward_block(model, taken[i][0], taken[i][1], blocks[i], (q, qd, targets, physics),
+                                                 outs) for i in range(len(blocks))])
         if grad:
             ctx.model, ctx.blocks, ctx.done = model, blocks, False
             if keep:
@@ -305,26 +434,31 @@ class _WarpControlStep(torch.autograd.Function):
 
         redo = arrs is None  # checkpoint: re-run each block's forward with gradients, then its adjoint
         if redo:  # arrays allocated, loaded and packed in this thread (the pool and Warp's module load are not
-            q, qd, targets, physics = ctx.inputs  # thread-safe); only the launches run in the block threads
+            physics = ctx.inputs[3]  # thread-safe); only copies, memsets and launches run in the block threads
             taken = [_block_arrays(model, i, b.stop - b.start, True, physics is not None) for i, b in enumerate(blocks)]
             arrs = [a for a, _ in taken]
-            for a, b in zip(arrs, blocks, strict=True):
+            for a in arrs:
                 _record(model, a)
-                _load(a, q[b], qd[b], targets[b], _rows(physics, b))
-        for a in arrs:
-            _views(a)  # made here: the block threads run memsets, tensor copies and kernel calls only
+        # gradient sets taken, packed and viewed here: the block threads run memsets, tensor copies and kernel
+        # calls only
+        grads = [acquire_grads(model, a.layout) for a in arrs]
+        for a, g in zip(arrs, grads, strict=True):
+            _views(a)
+            _grad_views(g)
+            _adjoint(model, a, g)
 
-        def block(i: int) -> None:
-            b = blocks[i]
-            if redo:  # the reset re-zeroes the gradients too, so the incoming ones are copied after it
-                _forward(model, arrs[i], taken[i][1])
-            _backward(model, arrs[i], [g_q[b], g_qd[b], g_imp[b]])
+        n = g_q.shape[0]
+        out = [g_q.new_empty(n, model.nq), g_q.new_empty(n, model.nv), g_q.new_empty(n, model.nu)]
 
+        inputs = ctx.inputs if redo else None
         with _warp_stream(model):
-            parallel([lambda i=i: block(i) for i in range(len(blocks))])
-            parts = [_input_grads(model, a) for a in arrs]
+            parallel([lambda i=i: _backward_block(model, arrs[i], grads[i], blocks[i], (g_q, g_qd, g_imp), out,
+                                                  inputs, taken[i][1] if redo else False)
+                      for i in range(len(blocks))])
+        for a, g in zip(arrs, grads, strict=True):  # back to the pools, in this thread
+            release_grads(model, g)
+            release_step(model, a)
         ctx.inputs = None
-        out = tuple(torch.cat([p[j] for p in parts]) for j in range(3))
         return (None, *out, None, None)
 
 

@@ -5,6 +5,7 @@ Nothing here touches torch. :mod:`bcg.sim.step` wraps :func:`run_control_step` i
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -15,15 +16,21 @@ from bcg.sim import kernels as K
 from bcg.sim.model import SimModel
 
 __all__ = [
+    "FieldSpec",
+    "GradArrays",
     "Launch",
     "ModelArrays",
+    "SetLayout",
     "StepArrays",
+    "acquire_grads",
     "allocate_step",
     "model_arrays",
     "clear_pool",
+    "release_grads",
     "release_step",
     "run_control_step",
     "run_dynamics_terms",
+    "step_layout",
     "substep_launches",
 ]
 
@@ -120,12 +127,28 @@ class _Cache:
     arrays: ModelArrays | None = None
     workspaces: dict = field(default_factory=dict)
     grad_pool: dict = field(default_factory=dict)
-    """Released gradient-step arrays by N: reusing them avoids page-faulting hundreds of MiB per rollout."""
+    """Released gradient-step value sets by (N, per-env physics): reusing them avoids page-faulting hundreds of MiB
+    per rollout."""
     pool_bytes: int = 0
+    grad_sets: dict = field(default_factory=dict)
+    """Idle :class:`GradArrays` by (N, per-env physics): the gradients of a step, needed only while its backward
+    runs, so a few serve every pending step of that shape."""
+    layouts: dict = field(default_factory=dict)
+    templates: dict = field(default_factory=dict)
+    """Launch templates by (N, per-env physics), kept by :mod:`bcg.sim.bridge` (packed once, relocated per set)."""
 
 
 POOL_LIMIT_BYTES = 2 * 2**30
 """At most this many bytes of released gradient-step arrays are kept per model for reuse (the rest are freed)."""
+
+_ALIGN = 64
+"""Byte alignment of every array inside a set's buffer (a cache line)."""
+
+RESET_FIELDS = ("H", "J_foot", "Y", "lam")
+"""Scratch the kernels write only partly (H: the tree's nonzeros; J_foot, Y: the foot chains; lam: sweeps 1..K):
+zeroed before every use of a set, so the entries never written stay 0 as the kernels expect."""
+CREATE_ZEROED = ("L", "L_tmp")
+"""Also zeroed when a set is created (as they always were); the kernels read only the entries they write."""
 
 
 def model_arrays(model: SimModel) -> ModelArrays:
@@ -139,100 +162,316 @@ def model_arrays(model: SimModel) -> ModelArrays:
     return cache.arrays
 
 
-class StepArrays:
-    """All arrays one control step writes: S + 1 states and S substeps of write-once scratch.
+class FieldSpec(NamedTuple):
+    """Where one array of a :class:`StepArrays` lives in the set's buffer."""
 
-    ``q[0]``, ``qd[0]`` and ``targets`` are the inputs (filled by the caller); ``q[S]``, ``qd[S]`` the outputs;
-    ``impulse`` and ``depth`` [N, S, nc] the per-substep normal impulses [N s] and penetrations [m].
+    group: str
+    """``"q"``, ``"qd"`` (index: the state), ``"targets"``, ``"impulse"``, ``"depth"``, ``"sub"`` (index: the
+    substep, ``name`` the scratch array) or ``"physics"`` (``name`` the parameter)."""
+    index: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: Any
+    offset: int
+    """Bytes from the start of the buffer (a multiple of 64)."""
+    nbytes: int
+
+    @property
+    def inner_shape(self) -> tuple[int, ...]:
+        """Shape of one element (``()`` for float, ``(6,)`` for a spatial vector, ``(3, 3)`` for a mat33)."""
+        return tuple(getattr(self.dtype, "_shape_", ()))
+
+
+@dataclass(frozen=True)
+class SetLayout:
+    """The arrays of one control step laid out in one buffer: [reset | created zeroed | the rest | physics].
+
+    Every array but the per-environment physics is differentiable; a :class:`GradArrays` holds their gradients in
+    a buffer of ``grad_nbytes`` with the same offsets.
     """
 
-    def __init__(self, model: SimModel, n: int, requires_grad: bool, per_env_physics: bool = False):
-        p = model.params
-        nb, nv, nc, nf, nu = model.nb, model.nv, model.nc, model.nf, model.nu
-        nr, nf6, it = 3 * nc, 6 * nf, p.iterations
-        dev = model.device
+    n: int
+    per_env_physics: bool
+    fields: tuple[FieldSpec, ...]
+    nbytes: int
+    """Bytes of the values (all arrays)."""
+    grad_nbytes: int
+    """Bytes of the differentiable arrays (everything before the physics)."""
+    reset_nbytes: int
+    """``[0, reset_nbytes)``: the :data:`RESET_FIELDS` of every substep."""
+    zero_nbytes: int
+    """``[0, zero_nbytes)``: zeroed at creation (:data:`RESET_FIELDS` and :data:`CREATE_ZEROED`)."""
 
-        def zeros(shape: tuple, dtype: type = float) -> wp.array:
-            return wp.zeros(shape, dtype=dtype, device=dev, requires_grad=requires_grad)
+    @property
+    def grad_fields(self) -> tuple[FieldSpec, ...]:
+        """The differentiable arrays (all but the physics, which come last)."""
+        return tuple(f for f in self.fields if f.group != "physics")
 
-        def empty(shape: tuple, dtype: type = float) -> wp.array:
-            return wp.empty(shape, dtype=dtype, device=dev, requires_grad=requires_grad)
+    def find(self, group: str, index: int = 0, name: str = "") -> FieldSpec:
+        """The spec of one array (``find("q", S)``, ``find("sub", k, "H")``, ``find("physics", 0, "mu")``)."""
+        for f in self.fields:
+            if f.group == group and f.index == index and f.name == name:
+                return f
+        raise KeyError(f"no array {group}[{index}] {name!r} in the step layout")
 
-        self.n = n
-        self.requires_grad = requires_grad
-        self.recorded: list | None = None
-        """Recorded launches of a reused (no-gradient) workspace, replayed by :func:`run_control_step`."""
-        self.physics: dict[str, wp.array] | None = None
-        """Per-environment physical parameters ([N, ...], no gradients), filled by the caller before each step;
-        None: the model's shared parameters."""
-        if per_env_physics:
-            self.physics = dict(
-                body_mass=wp.empty((n, nb), dtype=float, device=dev),
-                body_com=wp.empty((n, nb), dtype=wp.vec3, device=dev),
-                body_inertia=wp.empty((n, nb), dtype=wp.mat33, device=dev),
-                dof_armature=wp.empty((n, nv), dtype=float, device=dev),
-                dof_damping=wp.empty((n, nv), dtype=float, device=dev),
-                kp=wp.empty((n, nu), dtype=float, device=dev),
-                kd=wp.empty((n, nu), dtype=float, device=dev),
-                mu=wp.empty(n, dtype=float, device=dev),
-            )
-        self.q = [empty((n, model.nq)) for _ in range(p.substeps + 1)]
-        self.qd = [empty((n, nv)) for _ in range(p.substeps + 1)]
-        self.targets = empty((n, nu))
-        self.impulse = empty((n, p.substeps, nc))
-        self.depth = empty((n, p.substeps, nc))
-        self.sub = []
-        for _ in range(p.substeps):
-            self.sub.append(dict(
-                X_w=empty((n, nb), wp.transform), S=empty((n, nv), wp.spatial_vector),
-                v_b=empty((n, nb), wp.spatial_vector), a_b=empty((n, nb), wp.spatial_vector),
-                IO_w=empty((n, nb), wp.mat33), h_w=empty((n, nb), wp.vec3), f_b=empty((n, nb), wp.spatial_vector),
-                IC_O=empty((n, nb), wp.mat33), IC_h=empty((n, nb), wp.vec3), IC_m=empty((n, nb)),
-                F_sub=empty((n, nb), wp.spatial_vector),
-                H=zeros((n, nv, nv)), tau=empty((n, nv)),
-                L=zeros((n, nv, nv)), L_tmp=zeros((n, nv, nv)), y=empty((n, nv)), y_tmp=empty((n, nv)),
-                x=empty((n, nv)), x_tmp=empty((n, nv)), v_free=empty((n, nv)),
-                J_foot=zeros((n, nf6, nv)), foot_twist=empty((n, max(nf, 1)), wp.spatial_vector),
-                Y=zeros((n, nf6, nv)), Y_tmp=empty((n, nf6, nv)), Lam=empty((n, nf6, nf6)),
-                G=empty((n, nr), wp.spatial_vector), P=empty((n, nr, nf6)), A=empty((n, nr, nr)),
-                w=empty((n, nr)), s_act=empty((n, nc)), depth=empty((n, nc)),
-                A_foot=empty((n, max(nf, 1)), wp.vec2), s_norm=empty((n, nc)),
-                lam=zeros((n, it + 1, nr)), residual=empty((n, it, nr)),
-                foot_impulse=empty((n, nf), wp.spatial_vector), z=empty((n, nv)), dv_tmp=empty((n, nv)),
-                dv=empty((n, nv)),
-            ))
+
+def _scratch_shapes(model: SimModel, n: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """Shape and dtype of every per-substep scratch array (the kernels' write-once outputs), in launch order."""
+    p = model.params
+    nb, nv, nc, nf = model.nb, model.nv, model.nc, model.nf
+    nr, nf6, it = 3 * nc, 6 * nf, p.iterations
+    f, sv, v3, m33 = float, wp.spatial_vector, wp.vec3, wp.mat33
+    return dict(
+        X_w=((n, nb), wp.transform), S=((n, nv), sv), v_b=((n, nb), sv), a_b=((n, nb), sv), IO_w=((n, nb), m33),
+        h_w=((n, nb), v3), f_b=((n, nb), sv), IC_O=((n, nb), m33), IC_h=((n, nb), v3), IC_m=((n, nb), f),
+        F_sub=((n, nb), sv), H=((n, nv, nv), f), tau=((n, nv), f), L=((n, nv, nv), f), L_tmp=((n, nv, nv), f),
+        y=((n, nv), f), y_tmp=((n, nv), f), x=((n, nv), f), x_tmp=((n, nv), f), v_free=((n, nv), f),
+        J_foot=((n, nf6, nv), f), foot_twist=((n, max(nf, 1)), sv), Y=((n, nf6, nv), f), Y_tmp=((n, nf6, nv), f),
+        Lam=((n, nf6, nf6), f), G=((n, nr), sv), P=((n, nr, nf6), f), A=((n, nr, nr), f), w=((n, nr), f),
+        s_act=((n, nc), f), depth=((n, nc), f), A_foot=((n, max(nf, 1)), wp.vec2), s_norm=((n, nc), f),
+        lam=((n, it + 1, nr), f), residual=((n, it, nr), f), foot_impulse=((n, nf), sv), z=((n, nv), f),
+        dv_tmp=((n, nv), f), dv=((n, nv), f),
+    )
+
+
+def step_layout(model: SimModel, n: int, per_env_physics: bool = False) -> SetLayout:
+    """The buffer layout of a control step's arrays for ``n`` environments (cached on the model)."""
+    model_arrays(model)
+    key = (n, per_env_physics)
+    cached = model.warp.layouts.get(key)
+    if cached is not None:
+        return cached
+    p = model.params
+    S = p.substeps
+    scratch = _scratch_shapes(model, n)
+    order: list[tuple[str, int, str, tuple[int, ...], Any]] = []
+    order += [("sub", k, name, *scratch[name]) for k in range(S) for name in RESET_FIELDS]
+    n_reset = len(order)
+    order += [("sub", k, name, *scratch[name]) for k in range(S) for name in CREATE_ZEROED]
+    n_zero = len(order)
+    order += [("q", k, "", (n, model.nq), float) for k in range(S + 1)]
+    order += [("qd", k, "", (n, model.nv), float) for k in range(S + 1)]
+    order += [("targets", 0, "", (n, model.nu), float), ("impulse", 0, "", (n, S, model.nc), float),
+              ("depth", 0, "", (n, S, model.nc), float)]
+    skip = set(RESET_FIELDS) | set(CREATE_ZEROED)
+    order += [("sub", k, name, shape, dt) for k in range(S) for name, (shape, dt) in scratch.items()
+              if name not in skip]
+    n_grad = len(order)
+    if per_env_physics:
+        nb, nv, nu = model.nb, model.nv, model.nu
+        order += [("physics", 0, name, shape, dt) for name, shape, dt in (
+            ("body_mass", (n, nb), float), ("body_com", (n, nb), wp.vec3), ("body_inertia", (n, nb), wp.mat33),
+            ("dof_armature", (n, nv), float), ("dof_damping", (n, nv), float), ("kp", (n, nu), float),
+            ("kd", (n, nu), float), ("mu", (n,), float))]
+    fields, offset, marks = [], 0, {}
+    for i, (group, index, name, shape, dtype) in enumerate(order):
+        for mark, at in (("reset", n_reset), ("zero", n_zero), ("grad", n_grad)):
+            if i == at:
+                marks[mark] = offset
+        nbytes = int(np.prod(shape)) * wp.types.type_size_in_bytes(dtype)
+        fields.append(FieldSpec(group, index, name, tuple(shape), dtype, offset, nbytes))
+        offset += -(-nbytes // _ALIGN) * _ALIGN
+    marks.setdefault("grad", offset)
+    layout = SetLayout(n, per_env_physics, tuple(fields), offset, marks["grad"], marks["reset"], marks["zero"])
+    model.warp.layouts[key] = layout
+    return layout
+
+
+def _buffer(device: str, nbytes: int) -> wp.array:
+    """One uninitialised float32 buffer of ``nbytes`` (a multiple of 4)."""
+    return wp.empty(nbytes // 4, dtype=float, device=device)
+
+
+def _flat(buffer: wp.array, nbytes: int) -> wp.array:
+    """A float32 view of the first ``nbytes`` of ``buffer`` (for one memset of that region)."""
+    return wp.array(ptr=buffer.ptr, dtype=float, shape=(nbytes // 4,), device=buffer.device, capacity=nbytes)
+
+
+def _views(buffer: wp.array, fields: tuple[FieldSpec, ...]) -> list[wp.array]:
+    return [wp.array(ptr=buffer.ptr + f.offset, dtype=f.dtype, shape=f.shape, device=buffer.device,
+                     capacity=f.nbytes) for f in fields]
+
+
+_serial = itertools.count(1)
+
+
+class GradArrays:
+    """The gradients of one control step's differentiable arrays, in one buffer laid out as its :class:`SetLayout`.
+
+    A step's gradients are only needed while its own backward runs (the incoming gradients are copied in, the
+    input gradients copied out), so one of these serves every pending step of its shape in turn: zeroed
+    (:meth:`zero`, one memset) before each use.
+    """
+
+    def __init__(self, layout: SetLayout, device: str):
+        self.layout = layout
+        self.buffer = _buffer(device, layout.grad_nbytes)
+        self.serial = next(_serial)
+        """Unique per object (unlike ``id``): keys launches packed for this gradient set."""
+        self._all = _flat(self.buffer, layout.grad_nbytes)
+        self._views: list[wp.array] | None = None
 
     @property
     def nbytes(self) -> int:
-        """Bytes held by the arrays and their gradients."""
-        extra = sum(a.capacity for a in self.physics.values()) if self.physics else 0
-        return extra + sum(a.capacity * (2 if a.requires_grad else 1) for a in self.all_arrays())
+        return self.layout.grad_nbytes
 
-    def all_arrays(self) -> list[wp.array]:
-        """Every array of the step (states, inputs, per-substep scratch)."""
-        out = self.q + self.qd + [self.targets, self.impulse, self.depth]
-        for s in self.sub:
-            out += list(s.values())
-        return out
+    @property
+    def ptr(self) -> int:
+        return self.buffer.ptr
+
+    def zero(self) -> None:
+        """Zero every gradient (one memset)."""
+        self._all.zero_()
+
+    def views(self) -> list[wp.array]:
+        """Warp arrays of the gradients, in the order of ``layout.fields`` (the differentiable ones), made once."""
+        if self._views is None:
+            self._views = _views(self.buffer, self.layout.grad_fields)
+        return self._views
+
+
+class StepArrays:
+    """All arrays one control step writes: S + 1 states and S substeps of write-once scratch, in one buffer.
+
+    ``q[0]``, ``qd[0]`` and ``targets`` are the inputs (filled by the caller); ``q[S]``, ``qd[S]`` the outputs;
+    ``impulse`` and ``depth`` [N, S, nc] the per-substep normal impulses [N s] and penetrations [m].
+
+    ``requires_grad`` and ``grads``:
+
+    * ``requires_grad=False``: values only (a no-gradient workspace);
+    * ``requires_grad=True, grads="own"``: every differentiable array carries its own ``.grad`` (a
+      :class:`GradArrays` of the set's own), so that ``wp.Tape`` can record and replay its launches;
+    * ``requires_grad=True, grads="pooled"``: values only; the adjoint launches run on a shared
+      :class:`GradArrays` (:func:`acquire_grads`), which is what :mod:`bcg.sim.bridge` keeps for pending steps.
+
+    The Warp arrays themselves (``q``, ``qd``, ``targets``, ``impulse``, ``depth``, ``sub``, ``physics``) are views
+    into the buffer, made on first access: a set whose launches are relocated from another set's
+    (:mod:`bcg.sim.replay`) never needs them.
+    """
+
+    def __init__(self, model: SimModel, n: int, requires_grad: bool, per_env_physics: bool = False,
+                 grads: str = "own"):
+        if grads not in ("own", "pooled"):
+            raise ValueError(f"grads must be 'own' or 'pooled', got {grads!r}")
+        self.layout = step_layout(model, n, per_env_physics)
+        self.n = n
+        self.requires_grad = requires_grad
+        self.device = model.device
+        self.buffer = _buffer(model.device, self.layout.nbytes)
+        self._reset = _flat(self.buffer, self.layout.reset_nbytes)
+        _flat(self.buffer, self.layout.zero_nbytes).zero_()
+        self.own_grads: GradArrays | None = None
+        if requires_grad and grads == "own":
+            self.own_grads = GradArrays(self.layout, model.device)
+            self.own_grads.zero()
+        self.recorded: list | None = None
+        """Recorded launches of a reused (no-gradient) workspace, replayed by :func:`run_control_step`."""
+        self._arrays: dict | None = None
+
+    @property
+    def ptr(self) -> int:
+        return self.buffer.ptr
 
     @property
     def per_env_physics(self) -> bool:
-        return self.physics is not None
+        return self.layout.per_env_physics
+
+    def _materialize(self) -> dict:
+        if self._arrays is None:
+            fields = self.layout.fields
+            views = _views(self.buffer, fields)
+            if self.own_grads is not None:
+                for v, g in zip(views, self.own_grads.views()):
+                    v.grad = g
+            S = len([f for f in fields if f.group == "q"]) - 1
+            out: dict = dict(q=[None] * (S + 1), qd=[None] * (S + 1), sub=[{} for _ in range(S)], physics={})
+            for f, v in zip(fields, views, strict=True):
+                if f.group in ("q", "qd"):
+                    out[f.group][f.index] = v
+                elif f.group == "sub":
+                    out["sub"][f.index][f.name] = v
+                elif f.group == "physics":
+                    out["physics"][f.name] = v
+                else:
+                    out[f.group] = v
+            out["all"] = views
+            self._arrays = out
+        return self._arrays
+
+    @property
+    def q(self) -> list[wp.array]:
+        return self._materialize()["q"]
+
+    @property
+    def qd(self) -> list[wp.array]:
+        return self._materialize()["qd"]
+
+    @property
+    def targets(self) -> wp.array:
+        return self._materialize()["targets"]
+
+    @property
+    def impulse(self) -> wp.array:
+        return self._materialize()["impulse"]
+
+    @property
+    def depth(self) -> wp.array:
+        return self._materialize()["depth"]
+
+    @property
+    def sub(self) -> list[dict[str, wp.array]]:
+        return self._materialize()["sub"]
+
+    @property
+    def physics(self) -> dict[str, wp.array] | None:
+        """Per-environment physical parameters ([N, ...], no gradients), filled by the caller before each step;
+        None: the model's shared parameters."""
+        return self._materialize()["physics"] if self.per_env_physics else None
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the set: its values, and its own gradients if it has them (not a pooled
+        :class:`GradArrays`)."""
+        return self.layout.nbytes + (self.own_grads.nbytes if self.own_grads is not None else 0)
+
+    def all_arrays(self) -> list[wp.array]:
+        """Every array of the step (states, inputs, per-substep scratch; the physics last)."""
+        return list(self._materialize()["all"])
+
+    def attach_grads(self, grads: GradArrays | None) -> None:
+        """Make ``grads`` the ``.grad`` of every differentiable view (None: detach them), for recording adjoint
+        launches whose arguments are exactly what ``wp.Tape`` would pass (Warp's array-store adjoint zeroes the
+        gradient it consumed only when it is the array's own ``.grad``)."""
+        views = self._materialize()["all"]
+        gviews = grads.views() if grads is not None else [None] * len(views)
+        for v, g in zip(views, gviews):
+            v.grad = g
 
     def reset_for_reuse(self) -> None:
-        """Re-zero the partially written scratch (and, with gradients, every gradient) so that the arrays can serve
-        another step."""
-        for s in self.sub:
-            for name in ("H", "J_foot", "Y", "lam"):
-                s[name].zero_()
-        if self.requires_grad:
-            for a in self.all_arrays():
-                a.grad.zero_()
+        """Re-zero the partially written scratch (one memset; with own gradients, every gradient too) so that the
+        arrays can serve another step."""
+        self._reset.zero_()
+        if self.own_grads is not None:
+            self.own_grads.zero()
+
+
+def acquire_grads(model: SimModel, layout: SetLayout) -> GradArrays:
+    """An idle gradient set of ``layout``'s shape (created when none is idle); zero it before use."""
+    model_arrays(model)
+    idle = model.warp.grad_sets.get((layout.n, layout.per_env_physics))
+    if idle:
+        return idle.pop()
+    return GradArrays(layout, model.device)
+
+
+def release_grads(model: SimModel, grads: GradArrays) -> None:
+    """Hand a gradient set back once the backward that used it has copied its input gradients out."""
+    model.warp.grad_sets.setdefault((grads.layout.n, grads.layout.per_env_physics), []).append(grads)
 
 
 def allocate_step(model: SimModel, n: int, requires_grad: bool, per_env_physics: bool = False) -> StepArrays:
-    """Arrays for one step: with gradients, a set of its own (from the pool of released sets when possible);
-    without, one cached set that every call reuses."""
+    """Arrays for one step: with gradients, a set of its own (from the pool of released sets when possible; its
+    gradients pooled, see :func:`acquire_grads`); without, one cached set that every call reuses."""
     model_arrays(model)
     key = (n, per_env_physics)
     if requires_grad:
@@ -242,7 +481,7 @@ def allocate_step(model: SimModel, n: int, requires_grad: bool, per_env_physics:
             model.warp.pool_bytes -= arrs.nbytes
             arrs.reset_for_reuse()
             return arrs
-        return StepArrays(model, n, True, per_env_physics)
+        return StepArrays(model, n, True, per_env_physics, grads="pooled")
     ws = model.warp.workspaces.get(key)
     if ws is None:
         ws = StepArrays(model, n, False, per_env_physics)
@@ -304,7 +543,7 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool
 
 
 def release_step(model: SimModel, arrs: StepArrays) -> None:
-    """Give a gradient step's arrays back once its tape has been replayed and nothing refers to them any more."""
+    """Give a gradient step's arrays back once its backward has run and nothing refers to them any more."""
     cache = model.warp
     size = arrs.nbytes
     if cache.pool_bytes + size <= POOL_LIMIT_BYTES:
@@ -313,10 +552,13 @@ def release_step(model: SimModel, arrs: StepArrays) -> None:
 
 
 def clear_pool(model: SimModel) -> None:
-    """Free the released gradient-step arrays kept for reuse."""
+    """Free the released gradient-step arrays and idle gradient sets kept for reuse, and the launch templates (the
+    next gradient step of each shape starts as in a fresh process)."""
     if model.warp is not None:
         model.warp.grad_pool.clear()
         model.warp.pool_bytes = 0
+        model.warp.grad_sets.clear()
+        model.warp.templates.clear()
 
 
 def run_control_step(model: SimModel, arrs: StepArrays) -> None:

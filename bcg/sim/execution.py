@@ -66,9 +66,9 @@ class ExecutionOptions:
     launches per control step outweighs the core it gains."""
     checkpoint: bool = False
     """Recompute each control step's forward inside its backward: a gradient step then keeps only its inputs
-    (q, qd, targets, per-environment physics) instead of every substep's scratch arrays and their gradients
-    (about 280 KiB per environment and control step), at the price of running the forward twice. Gradients are
-    bit-identical to the stored-forward ones (same kernels on the same inputs)."""
+    (q, qd, targets, per-environment physics) instead of the values of every substep's scratch arrays (140 KiB
+    per environment and control step; their gradients are pooled, not kept), at the price of running the forward
+    twice. Gradients are bit-identical to the stored-forward ones (same kernels on the same inputs)."""
 
     def __post_init__(self) -> None:
         if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool)
