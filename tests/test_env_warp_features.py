@@ -177,3 +177,20 @@ def test_rollouts_equal_the_torch_path(motion: str, randomization: bool, differe
         assert err <= tol, (k, err)
     for x, y in zip(a["grad"], b["grad"], strict=True):
         torch.testing.assert_close(x, y, rtol=0, atol=1e-5 * float(y.abs().max()))  # measured 1.7e-6 x the largest
+
+
+def test_counter_based_draws_are_the_same_bits() -> None:
+    """The Warp hash (uint32 arithmetic) gives the int64-masked torch draws bit for bit, keys beyond 32 bits too."""
+    from bcg.envs.transition import _hash32, hash_uniform
+    from bcg.envs.warp_hash import WarpHash
+
+    h, g = WarpHash(), torch.Generator().manual_seed(0)
+    for n in (1, 5, 64, 100):
+        key = torch.randint(0, 2**31 - 1, (n,), generator=g)
+        counter = torch.randint(0, 10**6, (n,), generator=g)
+        for stream in (0, 1, 2, 70000):
+            assert torch.equal(h.uniform(key, counter, 849, stream), hash_uniform(key, counter, 849, stream))
+            assert torch.equal(h.uniform(key, counter, 7, stream), hash_uniform(key, counter, 7, stream))
+        big = key * 4096 + 2**40
+        assert torch.equal(h.hash32(key), _hash32(key)) and torch.equal(h.hash32(big), _hash32(big))
+        assert torch.equal(h.hash32(key, 0x5BD1E995), _hash32(key + 0x5BD1E995))

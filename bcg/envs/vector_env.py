@@ -49,6 +49,7 @@ from bcg.envs.state import EnvState
 from bcg.envs.transition import TransitionFn, _hash32, hash_uniform, simulator_step
 from bcg.envs.warp_checks import UnstableCheck
 from bcg.envs.warp_features import WarpFeatureFn
+from bcg.envs.warp_hash import WarpHash
 from bcg.envs.warp_observation import WarpObservation
 from bcg.envs.warp_reward import WarpTrackingReward
 from bcg.motion.features import FeatureFn, Features
@@ -186,6 +187,7 @@ class G1TrackingVectorEnv(VectorEnv):
             raise RuntimeError(f"WarpObservation has {self._warp_obs.dim} entries, the layout {self.obs_dim}")
         self._warp_unstable = UnstableCheck(m.nq, m.nv) if cpu else None
         self._warp_reward = WarpTrackingReward(self._ref, nu) if cpu else None
+        self._warp_hash = WarpHash() if cpu else None  # the counter-based draws, the same bits as the torch ones
         self._warp = cpu
         self._obs_noise = torch.cat([torch.full((size,), cfg.observation_noise.half_width(name), **f32)
                                      for name, size in self.observation_layout])
@@ -362,7 +364,7 @@ class G1TrackingVectorEnv(VectorEnv):
         dr, dev = self.domain_randomization, self.device
         if dr.push_interval is None:  # no draw needed (the draws are a function of key and counter: nothing is lost)
             return torch.full_like(key, -1), torch.zeros(len(key), 6, device=dev)
-        u = hash_uniform(key, counter, 7, _STREAM_PUSH)
+        u = self._uniform(key, counter, 7, _STREAM_PUSH)
         t = dr.push_interval[0] + (dr.push_interval[1] - dr.push_interval[0]) * u[:, 0]
         half = torch.tensor(dr.push_lin_vel + dr.push_ang_vel, dtype=torch.float32, device=dev)
         return torch.clamp((t / self.control_dt).round().long(), min=1), (2 * u[:, 1:] - 1) * half
@@ -397,7 +399,7 @@ class G1TrackingVectorEnv(VectorEnv):
         k, dev, dr = len(idx), self.device, self.domain_randomization
         nu = self.model.nu
         # one generator for the K rows, seeded from their keys and indices: the draws are a function of the state
-        mix = _hash32(keys ^ (idx * 0x9E3779B1))
+        mix = self._hash32(keys ^ (idx * 0x9E3779B1))
         g = torch.Generator(device=dev)
         g.manual_seed(int((mix * (torch.arange(k, device=dev) + 1)).sum().item()) & MAX_SEED)
         frame = torch.randint(0, self.num_frames - 1, (k,), generator=g, device=dev)
@@ -434,10 +436,21 @@ class G1TrackingVectorEnv(VectorEnv):
                         push_vel=push_vel, rng_key=keys, env_id=s.env_id[idx], physics=physics)
         return s.scatter(idx, rows)
 
-    @staticmethod
-    def _next_keys(keys: torch.Tensor) -> torch.Tensor:
+    def _next_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """New keys [K] for rows starting a new episode (a deterministic function of the old ones)."""
-        return _hash32(keys + 0x5BD1E995) & 0x7FFFFFFF
+        return self._hash32(keys, 0x5BD1E995) & 0x7FFFFFFF
+
+    def _hash32(self, x: torch.Tensor, add: int = 0) -> torch.Tensor:
+        """``bcg.envs.transition._hash32(x + add)``: one Warp launch on the CPU (bcg.envs.warp_hash), same bits."""
+        if self._warp and WarpHash.accepts(x):
+            return self._warp_hash.hash32(x, add)
+        return _hash32(x + add if add else x)
+
+    def _uniform(self, key: torch.Tensor, counter: torch.Tensor, width: int, stream: int) -> torch.Tensor:
+        """``bcg.envs.transition.hash_uniform``: one Warp launch on the CPU (bcg.envs.warp_hash), same bits."""
+        if self._warp and WarpHash.accepts(key, counter):
+            return self._warp_hash.uniform(key, counter, width, stream)
+        return hash_uniform(key, counter, width, stream)
 
     def _unstable(self, s: EnvState) -> torch.Tensor:
         """[N] bool: rows the simulator would refuse or that diverged: non-finite, |q| > state_limit, a root position
@@ -476,7 +489,7 @@ class G1TrackingVectorEnv(VectorEnv):
 
     def _noise(self, s: EnvState) -> torch.Tensor:
         """Observation noise [N, obs_dim] of state ``s`` (a function of its keys and episode steps; detached)."""
-        u = hash_uniform(s.rng_key, s.episode_steps, self.obs_dim, _STREAM_NOISE)
+        u = self._uniform(s.rng_key, s.episode_steps, self.obs_dim, _STREAM_NOISE)
         return (2 * u - 1) * self._obs_noise
 
     def observe(self, state: EnvState | None = None) -> torch.Tensor:
