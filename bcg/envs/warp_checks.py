@@ -16,7 +16,7 @@ import threading
 import torch
 import warp as wp
 
-from bcg.envs.warp_features import bucket
+from bcg.envs.warp_features import bucket, head
 
 __all__ = ["UnstableCheck"]
 
@@ -93,7 +93,7 @@ class UnstableCheck:
                                 inputs=[wq, wqd, *key, int(not math.isfinite(key[0])), self.nq, self.nv],
                                 outputs=[wout], device=wq.device, record_cmd=True)
                 run = launches[key] = prepack(cmd)
-            tq[:n].copy_(q)
-            tqd[:n].copy_(qd)
+            head(tq, n).copy_(q)
+            head(tqd, n).copy_(qd)
             run()
-            return tout[:n] != 0
+            return head(tout, n) != 0

@@ -26,7 +26,7 @@ import warp as wp
 from bcg.motion.features import FeatureFn, Features
 from bcg.sim.model import SimModel
 
-__all__ = ["WarpFeatureFn", "WarpKinematics", "bucket"]
+__all__ = ["WarpFeatureFn", "WarpKinematics", "bucket", "head"]
 
 # the kernels' adjoints are written by hand below: Warp's generated ones would only cost compile time
 wp.set_module_options({"enable_backward": False})
@@ -36,6 +36,11 @@ def bucket(n: int) -> int:
     """Rows of the pooled arrays that serve a batch of ``n`` rows: the next power of two, so a process that sees
     many batch sizes (autoresets of K rows) keeps O(log N) array sets of at most 2 N rows, not one per size."""
     return 1 << max(0, n - 1).bit_length()
+
+
+def head(t: torch.Tensor, n: int) -> torch.Tensor:
+    """The first ``n`` rows of a pooled array's torch view (the view itself when it has ``n`` rows: no slice op)."""
+    return t if t.shape[0] == n else t[:n]
 
 
 @wp.kernel
@@ -177,9 +182,9 @@ class _FK(torch.autograd.Function):
         n = q.shape[0]
         with kin.lock:
             buf = kin.buffers(n)
-            buf.t["q"][:n].copy_(q)
+            head(buf.t["q"], n).copy_(q)
             buf.forward()
-            rot, pos, key = buf.t["rot"][:n].clone(), buf.t["pos"][:n].clone(), buf.t["key"][:n].clone()
+            rot, pos, key = head(buf.t["rot"], n).clone(), head(buf.t["pos"], n).clone(), head(buf.t["key"], n).clone()
         ctx.kin = kin
         ctx.save_for_backward(q, rot)
         return rot, pos, key
@@ -192,9 +197,9 @@ class _FK(torch.autograd.Function):
         with kin.lock:
             buf = kin.buffers(n)
             for name, x in (("q", q), ("rot", rot), ("g_rot", g_rot), ("g_pos", g_pos), ("g_key", g_key)):
-                buf.t[name][:n].copy_(x)
+                head(buf.t[name], n).copy_(x)
             buf.backward()  # rows from n on hold another batch's values: computed, never read
-            g_q = buf.t["g_q"][:n].clone()
+            g_q = head(buf.t["g_q"], n).clone()
         return g_q, None
 
 

@@ -14,7 +14,7 @@ import threading
 import torch
 import warp as wp
 
-from bcg.envs.warp_features import bucket
+from bcg.envs.warp_features import bucket, head
 
 __all__ = ["WarpHash"]
 
@@ -84,9 +84,9 @@ class WarpHash:
                 cmd = wp.launch(_hash_rows, dim=a.shape[0], inputs=[a, wp.int64(add)], outputs=[out], device=a.device,
                                 record_cmd=True)
                 run = runs[add] = prepack(cmd)
-            ta[:n].copy_(x)
+            head(ta, n).copy_(x)
             run()
-            return tout[:n].clone()
+            return head(tout, n).clone()
 
     def uniform(self, key: torch.Tensor, counter: torch.Tensor, width: int, stream: int) -> torch.Tensor:
         """``hash_uniform(key, counter, width, stream)`` [K, width] float32."""
@@ -100,7 +100,7 @@ class WarpHash:
                 cmd = wp.launch(_uniform, dim=a.shape[0], inputs=[a, b, wp.uint32(stream & 0xFFFF), int(width)],
                                 outputs=[out], device=a.device, record_cmd=True)
                 run = runs[stream] = prepack(cmd)
-            ta[:n].copy_(key)
-            tb[:n].copy_(counter)
+            head(ta, n).copy_(key)
+            head(tb, n).copy_(counter)
             run()
-            return tout[:n].clone()
+            return head(tout, n).clone()

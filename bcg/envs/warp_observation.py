@@ -19,7 +19,7 @@ import torch
 import warp as wp
 
 from bcg.envs.observations import ReferenceTable
-from bcg.envs.warp_features import bucket
+from bcg.envs.warp_features import bucket, head
 from bcg.motion.features import Features
 
 __all__ = ["WarpObservation"]
@@ -244,10 +244,10 @@ class _Obs(torch.autograd.Function):
         with wo.lock:
             buf = wo.buffers(n)
             for name, x in zip(_IN, inputs, strict=True):
-                buf.t[name][:n].copy_(x)
-            buf.t_fut[:n].copy_(fut)
+                head(buf.t[name], n).copy_(x)
+            head(buf.t_fut, n).copy_(fut)
             buf.forward()  # rows from n on hold another batch's (valid) values: computed, never read
-            obs = buf.t_obs[:n].clone()
+            obs = head(buf.t_obs, n).clone()
         ctx.wo = wo
         ctx.save_for_backward(fut, *inputs)
         return obs
@@ -260,11 +260,11 @@ class _Obs(torch.autograd.Function):
         with wo.lock:
             buf = wo.buffers(n)
             for name, x in zip(_IN, inputs, strict=True):
-                buf.t[name][:n].copy_(x)
-            buf.t_fut[:n].copy_(fut)
-            buf.t_g_obs[:n].copy_(g_obs)
+                head(buf.t[name], n).copy_(x)
+            head(buf.t_fut, n).copy_(fut)
+            head(buf.t_g_obs, n).copy_(g_obs)
             buf.backward()
-            grads = [buf.gt[name][:n].clone() if need else None
+            grads = [head(buf.gt[name], n).clone() if need else None
                      for name, need in zip(_IN, ctx.needs_input_grad[2:], strict=True)]
         return None, None, *grads
 

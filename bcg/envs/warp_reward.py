@@ -21,7 +21,7 @@ import torch
 import warp as wp
 
 from bcg.envs.rewards import StepContext, TrackingReward
-from bcg.envs.warp_features import bucket
+from bcg.envs.warp_features import bucket, head
 from bcg.motion.features import Features
 
 __all__ = ["WarpTrackingReward"]
@@ -277,10 +277,10 @@ class _Reward(torch.autograd.Function):
             buf = wr.buffers(n)
             fwd, _ = buf.reward_launches(wr, weights)
             for name, x in zip(_IN, inputs, strict=True):
-                buf.t[name][:n].copy_(x)
-            buf.t_frame[:n].copy_(frame)
+                head(buf.t[name], n).copy_(x)
+            head(buf.t_frame, n).copy_(frame)
             fwd()
-            reward, terms = buf.t_reward[:n].clone(), buf.t_terms[:n].clone()
+            reward, terms = head(buf.t_reward, n).clone(), head(buf.t_terms, n).clone()
         ctx.wr, ctx.weights = wr, weights
         ctx.save_for_backward(frame, terms, *inputs)
         return reward
@@ -294,12 +294,12 @@ class _Reward(torch.autograd.Function):
             buf = wr.buffers(n)
             _, bwd = buf.reward_launches(wr, ctx.weights)
             for name, x in zip(_IN, inputs, strict=True):
-                buf.t[name][:n].copy_(x)
-            buf.t_frame[:n].copy_(frame)
-            buf.t_terms[:n].copy_(terms)
-            buf.t_g_reward[:n].copy_(g_reward)
+                head(buf.t[name], n).copy_(x)
+            head(buf.t_frame, n).copy_(frame)
+            head(buf.t_terms, n).copy_(terms)
+            head(buf.t_g_reward, n).copy_(g_reward)
             bwd()
-            grads = [buf.gt[k][:n].clone() if need else None
+            grads = [head(buf.gt[k], n).clone() if need else None
                      for k, need in zip(_IN, ctx.needs_input_grad[3:], strict=True)]
         return None, None, None, *grads
 
@@ -359,9 +359,9 @@ class WarpTrackingReward:
         n = frame.shape[0]
         with self.lock:
             buf = self.buffers(n)
-            buf.t["key_pos"][:n].copy_(sim.key_pos_w.detach())
-            buf.t_body_pos[:n].copy_(sim.body_pos_w.detach())
-            buf.t_frame[:n].copy_(frame)
+            head(buf.t["key_pos"], n).copy_(sim.key_pos_w.detach())
+            head(buf.t_body_pos, n).copy_(sim.body_pos_w.detach())
+            head(buf.t_frame, n).copy_(frame)
             buf.metrics()
-            out = buf.t_out[:n].clone()
+            out = head(buf.t_out, n).clone()
         return out[:, 0], out[:, 1]
