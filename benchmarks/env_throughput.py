@@ -53,49 +53,6 @@ def bench_vector(n: int, steps: int, motion: str, differentiable: bool, repeats:
     return n * steps / _time(one, steps, repeats)
 
 
-def interleaved_ratio(n: int, steps: int, grad: bool, motion: str = "run") -> tuple[float, float, float]:
-    """(env / bare sim throughput, env ms per step, sim ms per step) with the two loops of ``env_rate`` and
-    ``sim_rate`` (bcg.evaluation.sim_throughput) advanced one step each in turn: load from other processes then
-    slows both alike, which best-of-blocks timing of one loop after the other does not ensure on a shared machine.
-    The ratio is that of the median step times."""
-    from bcg.envs.vector_env import G1TrackingVectorEnv
-    from bcg.robots import g1
-    from bcg.sim import step
-
-    env = G1TrackingVectorEnv(n, motion, differentiable=grad)
-    env.reset(seed=0)
-    model = env.model
-    g = torch.Generator().manual_seed(0)
-    base = torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32)
-    state = {"q": torch.tensor(g1.default_qpos(), dtype=torch.float32)[None].repeat(n, 1),
-             "qd": torch.zeros(n, model.nv)}
-
-    def env_step() -> None:
-        a = (torch.randn(n, 29, generator=g) * 0.1).requires_grad_(grad)
-        _, rew, *_ = env.step(a)
-        if grad:
-            rew.sum().backward()
-            env.detach()
-
-    def sim_step() -> None:
-        targets = (base + 0.05 * torch.randn(n, model.nu, generator=g)).requires_grad_(grad)
-        with torch.set_grad_enabled(grad):
-            q, qd, c = step(model, state["q"], state["qd"], targets)
-            if grad:
-                (q[:, 2].sum() + qd.sum() + c.impulse.sum()).backward()
-        state["q"], state["qd"] = q.detach(), qd.detach()
-
-    te, ts = [], []
-    for k in range(steps + 3):  # the first three pairs warm up
-        for fn, out in ((env_step, te), (sim_step, ts)) if k % 2 == 0 else ((sim_step, ts), (env_step, te)):
-            t0 = time.perf_counter()
-            fn()
-            if k >= 3:
-                out.append(time.perf_counter() - t0)
-    e, m = float(np.median(te)), float(np.median(ts))
-    return m / e, e * 1e3, m * 1e3
-
-
 def bench_sb3(n: int, steps: int, motion: str, repeats: int = 3) -> float:
     from bcg.envs.sb3 import SB3VecEnv
     from bcg.envs.vector_env import G1TrackingVectorEnv
@@ -143,11 +100,16 @@ def main() -> None:
     r = max(1, args.repeats)
     torch.set_num_threads(max(1, min(args.threads, torch.get_num_threads())))
     if args.interleave:
+        from bcg.evaluation.sim_throughput import env_sim_interleaved
+        from bcg.sim import load_model
+
+        model = load_model()
         for n in args.sizes:
             for grad in (False, True):
-                ratio, e, m = interleaved_ratio(n, args.interleave, grad, args.motion)
+                ratio, e, m = env_sim_interleaved(model, n, args.interleave, grad, motion=args.motion)
                 print(f"N = {n:>4} {'diff + backward' if grad else 'no-grad        '}: env / sim {ratio:.3f} "
-                      f"(median step: env {e:.2f} ms, sim {m:.2f} ms, env overhead {e - m:.2f} ms)", flush=True)
+                      f"(median step: env {e * 1e3:.2f} ms, sim {m * 1e3:.2f} ms, env overhead {(e - m) * 1e3:.2f} "
+                      "ms)", flush=True)
         return
     model = load_model()
     print(f"{'N':>5} {'vec no-grad':>12} {'sim no-grad':>12} {'env/sim':>8} {'vec diff+bwd':>13} {'sim grad+bwd':>13} "
