@@ -29,24 +29,6 @@ wp.set_module_options({"enable_backward": False})
 
 
 @wp.func
-def _put6(obs: wp.array2d(dtype=wp.float32), i: int, o: int, M: wp.mat33):
-    """Tangent-normal encoding (first and third columns) of M into obs[i, o:o + 6]."""
-    obs[i, o + 0] = M[0, 0]
-    obs[i, o + 1] = M[1, 0]
-    obs[i, o + 2] = M[2, 0]
-    obs[i, o + 3] = M[0, 2]
-    obs[i, o + 4] = M[1, 2]
-    obs[i, o + 5] = M[2, 2]
-
-
-@wp.func
-def _put3(obs: wp.array2d(dtype=wp.float32), i: int, o: int, v: wp.vec3):
-    obs[i, o + 0] = v[0]
-    obs[i, o + 1] = v[1]
-    obs[i, o + 2] = v[2]
-
-
-@wp.func
 def _get6(g: wp.array2d(dtype=wp.float32), i: int, o: int) -> wp.mat33:
     """The adjoint of _put6: a matrix with the six entries in its first and third columns."""
     return wp.mat33(g[i, o + 0], 0.0, g[i, o + 3],
@@ -65,6 +47,25 @@ def _heading_inverse(R0: wp.mat33) -> wp.mat33:
     n = wp.sqrt(fx * fx + fy * fy + 1.0e-12)
     c, s = fx / n, fy / n
     return wp.mat33(c, s, 0.0, -s, c, 0.0, 0.0, 0.0, 1.0)
+
+
+@wp.func
+def _put6_h(obs: wp.array2d(dtype=wp.float32), i: int, o: int, c: float, s: float, M: wp.mat33):
+    """_put6 of Hi M with Hi = [[c, s, 0], [-s, c, 0], [0, 0, 1]]: the two columns only, Hi's zeros skipped."""
+    obs[i, o + 0] = c * M[0, 0] + s * M[1, 0]
+    obs[i, o + 1] = c * M[1, 0] - s * M[0, 0]
+    obs[i, o + 2] = M[2, 0]
+    obs[i, o + 3] = c * M[0, 2] + s * M[1, 2]
+    obs[i, o + 4] = c * M[1, 2] - s * M[0, 2]
+    obs[i, o + 5] = M[2, 2]
+
+
+@wp.func
+def _put3_h(obs: wp.array2d(dtype=wp.float32), i: int, o: int, c: float, s: float, v: wp.vec3):
+    """_put3 of Hi v."""
+    obs[i, o + 0] = c * v[0] + s * v[1]
+    obs[i, o + 1] = c * v[1] - s * v[0]
+    obs[i, o + 2] = v[2]
 
 
 @wp.kernel
@@ -88,32 +89,35 @@ def _obs_forward(
 ):
     i = wp.tid()
     R0 = root_rot[i]
-    Hi = _heading_inverse(R0)
+    # the inverse heading [[c, s, 0], [-s, c, 0], [0, 0, 1]] (bcg.motion.rotations.heading_inverse)
+    fx, fy = R0[0, 0], R0[1, 0]
+    n = wp.sqrt(fx * fx + fy * fy + 1.0e-12)
+    c, s = fx / n, fy / n
     rp = root_pos[i]
     obs[i, 0] = rp[2]
-    _put6(obs, i, 1, Hi @ R0)
-    _put3(obs, i, 7, Hi @ lin_vel[i])
-    _put3(obs, i, 10, Hi @ (R0 @ ang_vel[i]))
+    _put6_h(obs, i, 1, c, s, R0)
+    _put3_h(obs, i, 7, c, s, lin_vel[i])
+    _put3_h(obs, i, 10, c, s, R0 @ ang_vel[i])
     o = 13
     for b in range(nb):
-        _put6(obs, i, o + 6 * b, Hi @ body_rot[i, b])
+        _put6_h(obs, i, o + 6 * b, c, s, body_rot[i, b])
     o = o + 6 * nb
     for j in range(nj):
         obs[i, o + j] = joint_vel[i, j]
     o = o + nj
     for k in range(nk):
-        _put3(obs, i, o + 3 * k, Hi @ (key_pos[i, k] - rp))
+        _put3_h(obs, i, o + 3 * k, c, s, key_pos[i, k] - rp)
     o = o + 3 * nk
     for r in range(nref):
         f = fut[i, r]
-        _put3(obs, i, o, Hi @ (t_points[f, 0] - rp))
-        _put6(obs, i, o + 3, Hi @ t_root_rot[f])
+        _put3_h(obs, i, o, c, s, t_points[f, 0] - rp)
+        _put6_h(obs, i, o + 3, c, s, t_root_rot[f])
         o = o + 9
         for m in range(6 * nb):
             obs[i, o + m] = t_body_rot6[f, m]
         o = o + 6 * nb
         for k in range(nk):
-            _put3(obs, i, o + 3 * k, Hi @ (t_points[f, 1 + k] - rp))
+            _put3_h(obs, i, o + 3 * k, c, s, t_points[f, 1 + k] - rp)
         o = o + 3 * nk
 
 
