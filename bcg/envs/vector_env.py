@@ -640,8 +640,8 @@ class G1TrackingVectorEnv(VectorEnv):
             raise TypeError(f"actions must be floating point, got {actions.dtype}")
         if actions.device != self.device:
             raise ValueError(f"actions are on {actions.device}, the environment on {self.device}")
-        bad = ~torch.isfinite(actions.detach()).all(1)
-        if bool(bad.any()):
+        if not bool(torch.isfinite(actions.detach()).all()):  # one reduction; the rows only for the message
+            bad = ~torch.isfinite(actions.detach()).all(1)
             raise ValueError(f"actions contain NaN or inf (environments {bad.nonzero().flatten()[:8].tolist()})")
         return actions.to(torch.float32)
 
