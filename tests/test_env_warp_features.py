@@ -194,3 +194,19 @@ def test_counter_based_draws_are_the_same_bits() -> None:
         big = key * 4096 + 2**40
         assert torch.equal(h.hash32(key), _hash32(key)) and torch.equal(h.hash32(big), _hash32(big))
         assert torch.equal(h.hash32(key, 0x5BD1E995), _hash32(key + 0x5BD1E995))
+
+
+def test_only_the_plain_reward_on_float32_takes_the_warp_path(env: G1TrackingVectorEnv) -> None:
+    """A TrackingReward subclass (it may change the formula) or float64 actions go to the torch code."""
+    from bcg.envs.rewards import TrackingReward
+    from bcg.envs.warp_reward import WarpTrackingReward
+
+    class Custom(TrackingReward):
+        pass
+
+    f = env.feature_fn(env.q, env.qd)
+    a = torch.zeros(env.num_envs, 29)
+    assert WarpTrackingReward.accepts(TrackingReward(), f, StepContext(a, a, None))
+    assert not WarpTrackingReward.accepts(Custom(), f, StepContext(a, a, None))
+    assert not WarpTrackingReward.accepts(TrackingReward(), f, StepContext(a.double(), a, None))
+    assert not WarpTrackingReward.accepts(TrackingReward(), f.cast(torch.float64), StepContext(a, a, None))

@@ -478,7 +478,7 @@ class G1TrackingVectorEnv(VectorEnv):
     # ------------------------------------------------------------------------------------------------ observation
 
     def _observe(self, sim: Features, frame: torch.Tensor) -> torch.Tensor:
-        fut = (frame[:, None] + self._future).clamp(max=self.num_frames - 1)
+        fut = (frame[:, None] + self._future).clamp(0, self.num_frames - 1)  # valid rows for the Warp launch too
         if self._warp and WarpObservation.accepts(sim):
             return self._warp_obs(sim, fut)
         return observation(sim, self._ref_table, fut)
@@ -564,7 +564,7 @@ class G1TrackingVectorEnv(VectorEnv):
         sim = self._features(q1, qd1)
         ctx = StepContext(actions, s.prev_actions, contact)
         frame_c = frame.clamp(0, self.num_frames - 1)
-        fast = self._warp and WarpTrackingReward.accepts(self.reward_fn, sim)
+        fast = self._warp and WarpTrackingReward.accepts(self.reward_fn, sim, ctx)
         ref = None  # the reference features of frame, gathered only for the torch paths
         if fast:  # the default reward, reading the reference table inside the launch (bcg.envs.warp_reward)
             reward = self._warp_reward(self.reward_fn, sim, frame_c, ctx)

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 import warp as wp
+from torch.autograd.function import once_differentiable
 
 from bcg.motion.features import FeatureFn, Features
 from bcg.sim.model import SimModel
@@ -190,6 +191,7 @@ class _FK(torch.autograd.Function):
         return rot, pos, key
 
     @staticmethod
+    @once_differentiable  # the adjoint launch is not itself differentiable: a double backward raises
     def backward(ctx: Any, g_rot: torch.Tensor, g_pos: torch.Tensor, g_key: torch.Tensor):  # type: ignore[override]
         q, rot = ctx.saved_tensors
         kin: WarpKinematics = ctx.kin

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 import warp as wp
+from torch.autograd.function import once_differentiable
 
 from bcg.envs.observations import ReferenceTable
 from bcg.envs.warp_features import bucket, head
@@ -257,6 +258,7 @@ class _Obs(torch.autograd.Function):
         return obs
 
     @staticmethod
+    @once_differentiable  # the adjoint launch is not itself differentiable: a double backward raises
     def backward(ctx: Any, g_obs: torch.Tensor):  # type: ignore[override]
         fut, *inputs = ctx.saved_tensors
         wo: WarpObservation = ctx.wo
@@ -310,9 +312,8 @@ class WarpObservation:
 
     @staticmethod
     def accepts(f: Features) -> bool:
-        """Whether ``f`` can take this path (float32 CPU tensors, at least one row)."""
-        x = f.body_rot_w
-        return x.dtype == torch.float32 and x.device.type == "cpu" and x.shape[0] > 0
+        """Whether ``f`` can take this path (every field a float32 CPU tensor, at least one row)."""
+        return all(x.dtype == torch.float32 and x.device.type == "cpu" for x in f) and f.body_rot_w.shape[0] > 0
 
     def __call__(self, f: Features, fut: torch.Tensor) -> torch.Tensor:
         if not self.accepts(f):

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 import warp as wp
+from torch.autograd.function import once_differentiable
 
 from bcg.envs.rewards import StepContext, TrackingReward
 from bcg.envs.warp_features import bucket, head
@@ -286,6 +287,7 @@ class _Reward(torch.autograd.Function):
         return reward
 
     @staticmethod
+    @once_differentiable  # the adjoint launch is not itself differentiable: a double backward raises
     def backward(ctx: Any, g_reward: torch.Tensor):  # type: ignore[override]
         frame, terms, *inputs = ctx.saved_tensors
         wr: WarpTrackingReward = ctx.wr
@@ -340,11 +342,12 @@ class WarpTrackingReward:
         return buf
 
     @staticmethod
-    def accepts(reward_fn: Any, sim: Features) -> bool:
-        """Whether ``reward_fn`` is the plain :class:`TrackingReward` (not a subclass) and ``sim`` float32 CPU."""
-        x = sim.body_rot_w
-        return (type(reward_fn) is TrackingReward and x.dtype == torch.float32 and x.device.type == "cpu"
-                and x.shape[0] > 0)
+    def accepts(reward_fn: Any, sim: Features, ctx: StepContext) -> bool:
+        """Whether ``reward_fn`` is the plain :class:`TrackingReward` (not a subclass) and the features and actions
+        are float32 CPU tensors (at least one row)."""
+        xs = (*sim, ctx.actions, ctx.prev_actions)
+        return (type(reward_fn) is TrackingReward and all(x.dtype == torch.float32 and x.device.type == "cpu"
+                                                          for x in xs) and sim.body_rot_w.shape[0] > 0)
 
     def __call__(self, reward_fn: TrackingReward, sim: Features, frame: torch.Tensor, ctx: StepContext
                  ) -> torch.Tensor:
