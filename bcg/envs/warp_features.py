@@ -177,15 +177,20 @@ class _Buffers:
         self.forward, self.backward = prepack(fwd), prepack(bwd)
 
 
+def _fk(kin: WarpKinematics, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward launch on ``q`` [n, nq]: fresh (rot, pos, key) tensors."""
+    n = q.shape[0]
+    with kin.lock:
+        buf = kin.buffers(n)
+        head(buf.t["q"], n).copy_(q)
+        buf.forward()
+        return head(buf.t["rot"], n).clone(), head(buf.t["pos"], n).clone(), head(buf.t["key"], n).clone()
+
+
 class _FK(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, kin: WarpKinematics) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        n = q.shape[0]
-        with kin.lock:
-            buf = kin.buffers(n)
-            head(buf.t["q"], n).copy_(q)
-            buf.forward()
-            rot, pos, key = head(buf.t["rot"], n).clone(), head(buf.t["pos"], n).clone(), head(buf.t["key"], n).clone()
+        rot, pos, key = _fk(kin, q)
         ctx.kin = kin
         ctx.save_for_backward(q, rot)
         return rot, pos, key
@@ -261,7 +266,9 @@ class WarpKinematics:
         if q.dtype != torch.float32 or q.device.type != "cpu" or q.dim() != 2 or q.shape[1] != self.nq:
             raise ValueError(f"WarpKinematics expects float32 CPU q [N, {self.nq}], got {list(q.shape)} "
                              f"{q.dtype} on {q.device}")
-        return _FK.apply(q, self)
+        if torch.is_grad_enabled() and q.requires_grad:
+            return _FK.apply(q, self)
+        return _fk(self, q.detach())  # no graph to record: the launch alone
 
 
 class WarpFeatureFn(FeatureFn):

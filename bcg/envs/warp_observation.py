@@ -242,17 +242,22 @@ class _Buffers:
         self.forward, self.backward = prepack(fwd), prepack(bwd)
 
 
+def _obs(wo: WarpObservation, fut: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """The forward launch: a fresh observation [n, D]."""
+    n = fut.shape[0]
+    with wo.lock:
+        buf = wo.buffers(n)
+        for name, x in zip(_IN, inputs, strict=True):
+            head(buf.t[name], n).copy_(x)
+        head(buf.t_fut, n).copy_(fut)
+        buf.forward()  # rows from n on hold another batch's (valid) values: computed, never read
+        return head(buf.t_obs, n).clone()
+
+
 class _Obs(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, wo: WarpObservation, fut: torch.Tensor, *inputs: torch.Tensor) -> torch.Tensor:
-        n = fut.shape[0]
-        with wo.lock:
-            buf = wo.buffers(n)
-            for name, x in zip(_IN, inputs, strict=True):
-                head(buf.t[name], n).copy_(x)
-            head(buf.t_fut, n).copy_(fut)
-            buf.forward()  # rows from n on hold another batch's (valid) values: computed, never read
-            obs = head(buf.t_obs, n).clone()
+        obs = _obs(wo, fut, inputs)
         ctx.wo = wo
         ctx.save_for_backward(fut, *inputs)
         return obs
@@ -319,5 +324,8 @@ class WarpObservation:
         if not self.accepts(f):
             raise ValueError(f"WarpObservation expects float32 CPU features, got {f.body_rot_w.dtype} on "
                              f"{f.body_rot_w.device}")
-        return _Obs.apply(self, fut, f.root_pos_w, f.root_rot_w, f.root_lin_vel_w, f.root_ang_vel_b, f.joint_vel,
-                          f.body_rot_w, f.key_pos_w)
+        inputs = (f.root_pos_w, f.root_rot_w, f.root_lin_vel_w, f.root_ang_vel_b, f.joint_vel, f.body_rot_w,
+                  f.key_pos_w)
+        if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+            return _Obs.apply(self, fut, *inputs)
+        return _obs(self, fut, tuple(x.detach() for x in inputs))  # no graph to record: the launch alone

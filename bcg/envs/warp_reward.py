@@ -269,19 +269,25 @@ class _Buffers:
         return run
 
 
+def _reward(wr: WarpTrackingReward, weights: tuple, frame: torch.Tensor, inputs: tuple[torch.Tensor, ...],
+            terms: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The forward launch: a fresh reward [n] and, with ``terms``, the six weighted exponentials [n, 6]."""
+    n = frame.shape[0]
+    with wr.lock:
+        buf = wr.buffers(n)
+        fwd, _ = buf.reward_launches(wr, weights)
+        for name, x in zip(_IN, inputs, strict=True):
+            head(buf.t[name], n).copy_(x)
+        head(buf.t_frame, n).copy_(frame)
+        fwd()
+        return head(buf.t_reward, n).clone(), head(buf.t_terms, n).clone() if terms else None
+
+
 class _Reward(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, wr: WarpTrackingReward, weights: tuple, frame: torch.Tensor, *inputs: torch.Tensor
                 ) -> torch.Tensor:
-        n = frame.shape[0]
-        with wr.lock:
-            buf = wr.buffers(n)
-            fwd, _ = buf.reward_launches(wr, weights)
-            for name, x in zip(_IN, inputs, strict=True):
-                head(buf.t[name], n).copy_(x)
-            head(buf.t_frame, n).copy_(frame)
-            fwd()
-            reward, terms = head(buf.t_reward, n).clone(), head(buf.t_terms, n).clone()
+        reward, terms = _reward(wr, weights, frame, inputs, True)
         ctx.wr, ctx.weights = wr, weights
         ctx.save_for_backward(frame, terms, *inputs)
         return reward
@@ -353,8 +359,11 @@ class WarpTrackingReward:
                  ) -> torch.Tensor:
         """Reward [N] of ``sim`` against the reference at frames ``frame`` [N] (clamped to the clip)."""
         weights = tuple(float(getattr(reward_fn, k)) for k in _W)
-        return _Reward.apply(self, weights, frame, sim.joint_pos, sim.joint_vel, sim.key_pos_w, sim.root_pos_w,
-                             sim.root_rot_w, sim.root_lin_vel_w, sim.root_ang_vel_b, ctx.actions, ctx.prev_actions)
+        inputs = (sim.joint_pos, sim.joint_vel, sim.key_pos_w, sim.root_pos_w, sim.root_rot_w, sim.root_lin_vel_w,
+                  sim.root_ang_vel_b, ctx.actions, ctx.prev_actions)
+        if torch.is_grad_enabled() and any(x.requires_grad for x in inputs):
+            return _Reward.apply(self, weights, frame, *inputs)
+        return _reward(self, weights, frame, tuple(x.detach() for x in inputs), False)[0]  # the launch alone
 
     def metrics(self, sim: Features, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(largest key-point distance [N], mean body-origin distance [N]) [m] to the reference at ``frame`` [N]
