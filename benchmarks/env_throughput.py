@@ -11,6 +11,7 @@ Each number is the best of ``--repeats`` timed blocks of ``--steps`` steps: on a
 only ever slow a block down, so the fastest block is the closest to the machine's own speed.
 
     python benchmarks/env_throughput.py [--sizes 16 64 256] [--steps 30] [--repeats 3] [--threads 2] [--motion run]
+    python benchmarks/env_throughput.py --interleave 200 --threads 1 --sizes 64   # env / sim, steps interleaved
 """
 
 from __future__ import annotations
@@ -93,9 +94,23 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2,
                    help="torch intra-op threads (on a shared 2-core machine 1 is often faster: no spinning barriers)")
     p.add_argument("--motion", default="run")
+    p.add_argument("--interleave", type=int, default=0, metavar="STEPS",
+                   help="only print env / sim with the env and simulator steps interleaved, STEPS pairs per N")
     args = p.parse_args()
     r = max(1, args.repeats)
     torch.set_num_threads(max(1, min(args.threads, torch.get_num_threads())))
+    if args.interleave:
+        from bcg.evaluation.sim_throughput import env_sim_interleaved
+        from bcg.sim import load_model
+
+        model = load_model()
+        for n in args.sizes:
+            for grad in (False, True):
+                ratio, e, m = env_sim_interleaved(model, n, args.interleave, grad, motion=args.motion)
+                print(f"N = {n:>4} {'diff + backward' if grad else 'no-grad        '}: env / sim {ratio:.3f} "
+                      f"(median step: env {e * 1e3:.2f} ms, sim {m * 1e3:.2f} ms, env overhead {(e - m) * 1e3:.2f} "
+                      "ms)", flush=True)
+        return
     model = load_model()
     print(f"{'N':>5} {'vec no-grad':>12} {'sim no-grad':>12} {'env/sim':>8} {'vec diff+bwd':>13} {'sim grad+bwd':>13} "
           f"{'env/sim':>8} {'SB3 adapter':>12} {'MuJoCo loop':>12}   ratios to MuJoCo (no-grad / diff / SB3)")

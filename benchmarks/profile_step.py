@@ -11,6 +11,7 @@ Env part: ``torch.profiler`` over ``--env-steps`` steps of :class:`bcg.envs.G1Tr
 call shows as ``_WarpControlStep``.
 
     python benchmarks/profile_step.py [--n 64] [--steps 8] [--env-steps 20] [--threads 1]
+    python benchmarks/profile_step.py --n 64 --env-parts   # env step parts: torch code vs Warp launches
 """
 
 from __future__ import annotations
@@ -111,6 +112,72 @@ def env_profile(n: int, steps: int, grad: bool, top: int = 25) -> None:
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=top))
 
 
+def env_parts(n: int, rounds: int = 5, block: int = 50) -> None:
+    """Per part of the env step, the torch code against the Warp launches that replace it on the CPU (the same env,
+    ``env._use_warp``), timed alternately in blocks of ``block`` calls, best of ``rounds`` (ms per call)."""
+    from bcg.envs.rewards import StepContext
+    from bcg.envs.vector_env import G1TrackingVectorEnv
+
+    env = G1TrackingVectorEnv(n, "run")
+    env.reset(seed=0)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        env.step(torch.randn(n, 29, generator=g) * 0.1)
+    s, a = env.state, torch.randn(n, 29, generator=g) * 0.1
+    frame = s.frame.clamp(max=env.num_frames - 1)
+    qg = s.q.clone().requires_grad_(True)
+
+    def features_bwd() -> None:
+        f = env.feature_fn(qg, s.qd)
+        (f.body_rot_w.sum() + f.body_pos_w.sum() + f.key_pos_w.sum()).backward()
+
+    f = env.feature_fn(s.q, s.qd)  # the parts below start from the same features
+    ctx = StepContext(a, s.prev_actions, None)
+
+    def reward() -> None:
+        if env._warp:
+            env._warp_reward(env.reward_fn, f, frame, ctx)
+        else:
+            env.reward_fn(f, env.ref_features(frame), ctx)
+
+    def metrics() -> None:
+        if env._warp:
+            env._warp_reward.metrics(f, frame)
+        else:
+            ref = env.ref_features(frame)
+            (f.key_pos_w - ref.key_pos_w).norm(dim=-1).amax(1), (f.body_pos_w - ref.body_pos_w).norm(dim=-1).mean(1)
+
+    parts = {
+        "features (kinematics + key points)": lambda: env.feature_fn(s.q, s.qd),
+        "features, forward + backward": features_bwd,
+        "observation": lambda: env._observe(f, s.frame),
+        "reward (reference rows included)": reward,
+        "termination and tracking distances": metrics,
+        "instability check": lambda: env._unstable(s),
+        "observation noise draws": lambda: env._uniform(s.rng_key, s.episode_steps, env.obs_dim, 2),
+    }
+    print(f"\n# env step parts, N = {n}: torch code vs Warp launches, alternating, best of {rounds} blocks of {block} "
+          "[ms per call]")
+    print("| part | torch | Warp | torch / Warp |\n|---|---|---|---|")
+    best: dict = {}
+    for _ in range(rounds):
+        for warp in (False, True):
+            env._use_warp(warp)
+            for name, fn in parts.items():
+                with torch.set_grad_enabled("backward" in name):
+                    for _ in range(3):
+                        fn()
+                    t0 = time.perf_counter()
+                    for _ in range(block):
+                        fn()
+                    t = (time.perf_counter() - t0) / block
+                best[name, warp] = min(best.get((name, warp), float("inf")), t)
+    env._use_warp(True)
+    for name in parts:
+        t0, t1 = best[name, False], best[name, True]
+        print(f"| {name} | {t0 * 1e3:.3f} | {t1 * 1e3:.3f} | {t0 / t1:.1f} |")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--n", type=int, default=64, help="environments")
@@ -118,8 +185,13 @@ def main() -> None:
     p.add_argument("--env-steps", type=int, default=20, help="env steps under the torch profiler (0: skip)")
     p.add_argument("--env-grad", action="store_true", help="also profile the differentiable env step + backward")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--env-parts", action="store_true",
+                   help="only time the env step's parts, torch code against the Warp launches (no kernel table)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.env_parts:
+        env_parts(args.n)
+        return
     fwd, bwd = kernel_times(args.n, args.steps)
     _print_kernels(fwd, bwd, args.n)
     if args.env_steps:

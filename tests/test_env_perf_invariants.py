@@ -1,6 +1,6 @@
-"""The environment's fast paths (issue 12) give the values of the plain ones: the fused observation equals the robot
-and reference parts built term by term, bit for bit, and the cheaper instability check flags exactly what the
-explicit finiteness-and-bounds check flags, including with an infinite ``state_limit``."""
+"""The environment's fast paths (issue 12) give the values of the plain ones: the fused torch observation equals the
+robot and reference parts built term by term, bit for bit, and the instability check (the Warp launch on the CPU)
+flags exactly what the explicit finiteness-and-bounds check flags, including with an infinite ``state_limit``."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ from bcg.motion.rotations import heading_inverse, tan_norm
 
 @pytest.fixture(scope="module")
 def env() -> G1TrackingVectorEnv:
+    """An env on its torch paths: the fused torch observation is the reference of the Warp one
+    (``tests/test_env_warp_features.py`` compares the two)."""
     e = G1TrackingVectorEnv(12, "jump")
+    e._use_warp(False)
     e.reset(seed=0)
     return e
 

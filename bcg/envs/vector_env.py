@@ -47,6 +47,11 @@ from bcg.envs.randomization import sample_physics, uniform
 from bcg.envs.rewards import StepContext, TrackingReward
 from bcg.envs.state import EnvState
 from bcg.envs.transition import TransitionFn, _hash32, hash_uniform, simulator_step
+from bcg.envs.warp_checks import UnstableCheck
+from bcg.envs.warp_features import WarpFeatureFn
+from bcg.envs.warp_hash import WarpHash
+from bcg.envs.warp_observation import WarpObservation
+from bcg.envs.warp_reward import WarpTrackingReward
 from bcg.motion.features import FeatureFn, Features
 from bcg.motion.rotations import euler_to_quat_wxyz, quat_mul_wxyz
 from bcg.sim.physics import Physics, default_physics
@@ -159,7 +164,9 @@ class G1TrackingVectorEnv(VectorEnv):
         self.action_offset: str = cfg.action_offset
         """"default" or "reference": what a zero action holds (see EnvConfig.action_offset)."""
 
-        self._features = FeatureFn(m, torch.float32, dev)
+        # the simulated state's features every step: one Warp launch (and one for the adjoint) on the CPU instead of
+        # ~80 small torch operations per pass; the torch path elsewhere (bcg.envs.warp_features)
+        self._features = WarpFeatureFn(m, torch.float32, dev)
         self._sphere_body = torch.as_tensor(m.sphere_body, device=dev)
         self._sphere_pos = torch.as_tensor(m.sphere_pos, **f32)
         self._sphere_radius = torch.as_tensor(m.sphere_radius, **f32)
@@ -171,6 +178,17 @@ class G1TrackingVectorEnv(VectorEnv):
 
         self.observation_layout = observation_layout(m.nb, self._features.keys.body.numel(), m.nv - 6, self.ref_steps)
         self.obs_dim = sum(s for _, s in self.observation_layout)
+        # on the CPU the per-step work beside the simulator runs in Warp launches (bcg.envs.warp_*: the observation,
+        # the default reward, the termination distances, the instability check); the torch code elsewhere
+        cpu = dev.type == "cpu"
+        self._warp_obs = (WarpObservation(self._ref_table, m.nb, m.nv - 6, self._features.keys.body.numel(),
+                                          self.ref_steps) if cpu else None)
+        if self._warp_obs is not None and self._warp_obs.dim != self.obs_dim:
+            raise RuntimeError(f"WarpObservation has {self._warp_obs.dim} entries, the layout {self.obs_dim}")
+        self._warp_unstable = UnstableCheck(m.nq, m.nv) if cpu else None
+        self._warp_reward = WarpTrackingReward(self._ref, nu) if cpu else None
+        self._warp_hash = WarpHash() if cpu else None  # the counter-based draws, the same bits as the torch ones
+        self._warp = cpu
         self._obs_noise = torch.cat([torch.full((size,), cfg.observation_noise.half_width(name), **f32)
                                      for name, size in self.observation_layout])
 
@@ -279,6 +297,13 @@ class G1TrackingVectorEnv(VectorEnv):
         """Cut the autograd graph at the current state (the start of a new differentiable window)."""
         self._state = self._state.detach()
 
+    def _use_warp(self, on: bool) -> None:
+        """Switch the Warp paths of the step (CPU only) on or off; off, every step runs the torch code, which the
+        Warp paths are tested against (``tests/test_env_warp_features.py``)."""
+        self._warp = bool(on) and self.device.type == "cpu"
+        self._features.enabled = self._warp
+        self._reset_cache = None  # its first observations were made by the other path
+
     @property
     def feature_fn(self) -> FeatureFn:
         """The :class:`bcg.motion.FeatureFn` that turns states into :class:`Features` (also used for the reference)."""
@@ -337,9 +362,9 @@ class G1TrackingVectorEnv(VectorEnv):
     def _push_draw(self, key: torch.Tensor, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(countdown [K] long >= 1, velocity change [K, 6]) of the next push, from the rows' keys and counters."""
         dr, dev = self.domain_randomization, self.device
-        u = hash_uniform(key, counter, 7, _STREAM_PUSH)
-        if dr.push_interval is None:
+        if dr.push_interval is None:  # no draw needed (the draws are a function of key and counter: nothing is lost)
             return torch.full_like(key, -1), torch.zeros(len(key), 6, device=dev)
+        u = self._uniform(key, counter, 7, _STREAM_PUSH)
         t = dr.push_interval[0] + (dr.push_interval[1] - dr.push_interval[0]) * u[:, 0]
         half = torch.tensor(dr.push_lin_vel + dr.push_ang_vel, dtype=torch.float32, device=dev)
         return torch.clamp((t / self.control_dt).round().long(), min=1), (2 * u[:, 1:] - 1) * half
@@ -374,7 +399,7 @@ class G1TrackingVectorEnv(VectorEnv):
         k, dev, dr = len(idx), self.device, self.domain_randomization
         nu = self.model.nu
         # one generator for the K rows, seeded from their keys and indices: the draws are a function of the state
-        mix = _hash32(keys ^ (idx * 0x9E3779B1))
+        mix = self._hash32(keys ^ (idx * 0x9E3779B1))
         g = torch.Generator(device=dev)
         g.manual_seed(int((mix * (torch.arange(k, device=dev) + 1)).sum().item()) & MAX_SEED)
         frame = torch.randint(0, self.num_frames - 1, (k,), generator=g, device=dev)
@@ -411,15 +436,33 @@ class G1TrackingVectorEnv(VectorEnv):
                         push_vel=push_vel, rng_key=keys, env_id=s.env_id[idx], physics=physics)
         return s.scatter(idx, rows)
 
-    @staticmethod
-    def _next_keys(keys: torch.Tensor) -> torch.Tensor:
+    def _next_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """New keys [K] for rows starting a new episode (a deterministic function of the old ones)."""
-        return _hash32(keys + 0x5BD1E995) & 0x7FFFFFFF
+        return self._hash32(keys, 0x5BD1E995) & 0x7FFFFFFF
+
+    def _hash32(self, x: torch.Tensor, add: int = 0) -> torch.Tensor:
+        """``bcg.envs.transition._hash32(x + add)``: one Warp launch on the CPU (bcg.envs.warp_hash), same bits."""
+        if self._warp and WarpHash.accepts(x):
+            return self._warp_hash.hash32(x, add)
+        return _hash32(x + add if add else x)
+
+    def _uniform(self, key: torch.Tensor, counter: torch.Tensor, width: int, stream: int) -> torch.Tensor:
+        """``bcg.envs.transition.hash_uniform``: one Warp launch on the CPU (bcg.envs.warp_hash), same bits."""
+        if self._warp and WarpHash.accepts(key, counter):
+            return self._warp_hash.uniform(key, counter, width, stream)
+        return hash_uniform(key, counter, width, stream)
 
     def _unstable(self, s: EnvState) -> torch.Tensor:
         """[N] bool: rows the simulator would refuse or that diverged: non-finite, |q| > state_limit, a root position
         beyond bcg.sim's bound, a (near) zero root quaternion, or |qd| > bcg.sim.MAX_SPEED."""
         max_speed, max_pos = _sim_bounds()
+        if self._warp and UnstableCheck.accepts(s.q, s.qd):  # one launch (bcg.envs.warp_checks)
+            return self._warp_unstable(s.q.detach(), s.qd.detach(), self.state_limit, max_pos,
+                                       min(self.state_limit, max_speed))
+        return self._unstable_torch(s, max_speed, max_pos)
+
+    def _unstable_torch(self, s: EnvState, max_speed: float, max_pos: float) -> torch.Tensor:
+        """:meth:`_unstable` in torch operations (any device and dtype)."""
         with torch.no_grad():
             q, qd = s.q.detach(), s.qd.detach()
             # NaN and inf fail a comparison with a finite bound (amax propagates NaN), so the bounds below check
@@ -435,7 +478,9 @@ class G1TrackingVectorEnv(VectorEnv):
     # ------------------------------------------------------------------------------------------------ observation
 
     def _observe(self, sim: Features, frame: torch.Tensor) -> torch.Tensor:
-        fut = (frame[:, None] + self._future).clamp(max=self.num_frames - 1)
+        fut = (frame[:, None] + self._future).clamp(0, self.num_frames - 1)  # valid rows for the Warp launch too
+        if self._warp and WarpObservation.accepts(sim):
+            return self._warp_obs(sim, fut)
         return observation(sim, self._ref_table, fut)
 
     @property
@@ -444,7 +489,7 @@ class G1TrackingVectorEnv(VectorEnv):
 
     def _noise(self, s: EnvState) -> torch.Tensor:
         """Observation noise [N, obs_dim] of state ``s`` (a function of its keys and episode steps; detached)."""
-        u = hash_uniform(s.rng_key, s.episode_steps, self.obs_dim, _STREAM_NOISE)
+        u = self._uniform(s.rng_key, s.episode_steps, self.obs_dim, _STREAM_NOISE)
         return (2 * u - 1) * self._obs_noise
 
     def observe(self, state: EnvState | None = None) -> torch.Tensor:
@@ -466,8 +511,10 @@ class G1TrackingVectorEnv(VectorEnv):
         nxt, reward, terminated, truncated, contact, _, _, _, _ = self._transition(state, actions)
         return nxt, reward, terminated, truncated, contact
 
-    def _transition(self, s: EnvState, actions: torch.Tensor, stable: torch.Tensor | None = None):
-        # stable: the [N] all-False result of self._unstable(s) when the caller has it (saves a second check)
+    def _transition(self, s: EnvState, actions: torch.Tensor, stable: torch.Tensor | None = None,
+                    tracking: bool = False):
+        # stable: the [N] all-False result of self._unstable(s) when the caller has it (saves a second check);
+        # tracking: also return the E_track distances [N] (else None)
         n, nv, dr = s.num_envs, self.model.nv, self.domain_randomization
         if tuple(actions.shape) != (n, self.model.nu):
             raise ValueError(f"actions must have shape {[n, self.model.nu]} (one row per state row), got "
@@ -515,8 +562,15 @@ class G1TrackingVectorEnv(VectorEnv):
         frame = s.frame + 1
         steps = s.episode_steps + 1
         sim = self._features(q1, qd1)
-        ref = self.ref_features(frame)
-        reward = self.reward_fn(sim, ref, StepContext(actions, s.prev_actions, contact))
+        ctx = StepContext(actions, s.prev_actions, contact)
+        frame_c = frame.clamp(0, self.num_frames - 1)
+        fast = self._warp and WarpTrackingReward.accepts(self.reward_fn, sim, ctx)
+        ref = None  # the reference features of frame, gathered only for the torch paths
+        if fast:  # the default reward, reading the reference table inside the launch (bcg.envs.warp_reward)
+            reward = self._warp_reward(self.reward_fn, sim, frame_c, ctx)
+        else:
+            ref = self.ref_features(frame)
+            reward = self.reward_fn(sim, ref, ctx)
         if reward.shape != (n,):
             raise ValueError(f"the reward function returned shape {list(reward.shape)}, expected [{n}]")
         if any_bad:
@@ -524,7 +578,15 @@ class G1TrackingVectorEnv(VectorEnv):
 
         with torch.no_grad():
             fell = sim.root_pos_w[:, 2] < self.termination_height
-            far = (sim.key_pos_w - ref.key_pos_w).norm(dim=-1).amax(1) > self.termination_distance
+            track = None
+            if self._warp and WarpObservation.accepts(sim):
+                key_dist, track = self._warp_reward.metrics(sim, frame_c)
+            else:
+                ref = self.ref_features(frame) if ref is None else ref
+                key_dist = (sim.key_pos_w - ref.key_pos_w).norm(dim=-1).amax(1)
+                if tracking:  # E_track of METHOD.md 3.10: mean over bodies of the world position error
+                    track = (sim.body_pos_w - ref.body_pos_w).norm(dim=-1).mean(1)
+            far = key_dist > self.termination_distance
             terminated = fell | far | bad
             truncated = frame >= self.num_frames - 1
             if self.max_episode_steps is not None:
@@ -532,7 +594,7 @@ class G1TrackingVectorEnv(VectorEnv):
             truncated &= ~terminated
         nxt = dataclasses.replace(s, q=q1, qd=qd1, frame=frame, episode_steps=steps, prev_actions=actions,
                                   delayed_actions=actions, push_countdown=countdown, push_vel=push_vel)
-        return nxt, reward, terminated, truncated, contact, sim, bad, fell, ref
+        return nxt, reward, terminated, truncated, contact, sim, bad, fell, track
 
     # ------------------------------------------------------------------------------------------------ API
 
@@ -578,8 +640,8 @@ class G1TrackingVectorEnv(VectorEnv):
             raise TypeError(f"actions must be floating point, got {actions.dtype}")
         if actions.device != self.device:
             raise ValueError(f"actions are on {actions.device}, the environment on {self.device}")
-        bad = ~torch.isfinite(actions.detach()).all(1)
-        if bool(bad.any()):
+        if not bool(torch.isfinite(actions.detach()).all()):  # one reduction; the rows only for the message
+            bad = ~torch.isfinite(actions.detach()).all(1)
             raise ValueError(f"actions contain NaN or inf (environments {bad.nonzero().flatten()[:8].tolist()})")
         return actions.to(torch.float32)
 
@@ -615,11 +677,9 @@ class G1TrackingVectorEnv(VectorEnv):
             idx = unstable.nonzero().flatten()
             with torch.no_grad():
                 s = self._reset_rows(s, idx, self._next_keys(s.rng_key[idx]))
-        nxt, reward, terminated, truncated, contact, sim, bad, fell, ref = self._transition(
-            s, actions, stable=None if any_unstable else unstable)
+        nxt, reward, terminated, truncated, contact, sim, bad, fell, tracking_error = self._transition(
+            s, actions, stable=None if any_unstable else unstable, tracking=True)
         obs = self._observe(sim, nxt.frame)
-        with torch.no_grad():  # E_track of METHOD.md 3.10: mean over bodies of the world position error
-            tracking_error = (sim.body_pos_w - ref.body_pos_w).norm(dim=-1).mean(1)
         done = terminated | truncated
         num_unstable = int(unstable.sum()) + int(bad.sum())
         self.nonfinite_count += num_unstable

@@ -16,7 +16,8 @@ Then the ratios block at ``--ratio-n`` (default 64), every pair timed alternatel
 * threads: 2 / 1 thread (``bcg.sim.execution``) forward and forward + backward (goal >= 1.8);
 * checkpointing: kept bytes and time of a checkpointed gradient rollout against the stored-forward one;
 * env / bare sim: env steps per second of :class:`bcg.envs.G1TrackingVectorEnv` over those of the bare
-  :func:`bcg.sim.step` loop, without gradients and with a backward every step (goal >= 0.8).
+  :func:`bcg.sim.step` loop, without gradients and with a backward every step (goal >= 0.8); then the same with
+  the two loops' steps interleaved (:func:`env_sim_interleaved`, robust to the load of other processes).
 
 On CUDA (``--device cuda``) the sizes default to 1024, 4096 and 8192, rates are also printed as substeps per second
 (environments x substeps / s), and ``--max-n`` doubles N until an allocation fails, for the stored and the
@@ -41,7 +42,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["env_rate", "main", "markdown", "rollout_time", "sim_rate"]
+__all__ = ["env_rate", "env_sim_interleaved", "main", "markdown", "rollout_time", "sim_rate"]
 
 
 def _device(model) -> torch.device:
@@ -131,6 +132,52 @@ def env_rate(n: int, steps: int, grad: bool, repeats: int, device: str = "cpu", 
 
     with execution_options_set(**options):
         return n * steps / _best(one, steps, repeats, dev)
+
+
+def env_sim_interleaved(model, n: int, steps: int, grad: bool, device: str = "cpu", motion: str = "run"
+                        ) -> tuple[float, float, float]:
+    """(env / bare-simulator throughput, median env step [s], median simulator step [s]): the loops of
+    :func:`env_rate` and :func:`sim_rate` advanced one step each in turn (the order swapped every pair), so that
+    other processes slow both alike; timing one loop's block after the other's does not ensure that on a shared
+    machine. ``steps`` pairs after three warm-up pairs."""
+    from bcg.envs.vector_env import G1TrackingVectorEnv
+    from bcg.robots import g1
+    from bcg.sim import step
+
+    dev = _device(model)
+    env = G1TrackingVectorEnv(n, motion, differentiable=grad, device=device)
+    env.reset(seed=0)
+    g = torch.Generator(device=dev).manual_seed(0)
+    base = torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32, device=dev)
+    state = {"q": torch.tensor(g1.default_qpos(), dtype=torch.float32)[None].repeat(n, 1).to(dev),
+             "qd": torch.zeros(n, model.nv, device=dev)}
+
+    def env_step() -> None:
+        a = (torch.randn(n, 29, generator=g, device=dev) * 0.1).requires_grad_(grad)
+        _, rew, *_ = env.step(a)
+        if grad:
+            rew.sum().backward()
+            env.detach()
+
+    def sim_step() -> None:
+        targets = (base + 0.05 * torch.randn(n, model.nu, generator=g, device=dev)).requires_grad_(grad)
+        with torch.set_grad_enabled(grad):
+            q, qd, c = step(model, state["q"], state["qd"], targets)
+            if grad:
+                (q[:, 2].sum() + qd.sum() + c.impulse.sum()).backward()
+        state["q"], state["qd"] = q.detach(), qd.detach()
+
+    times: dict = {env_step: [], sim_step: []}
+    for k in range(steps + 3):
+        for fn in (env_step, sim_step) if k % 2 == 0 else (sim_step, env_step):
+            _sync(dev)
+            t0 = time.perf_counter()
+            fn()
+            _sync(dev)
+            if k >= 3:
+                times[fn].append(time.perf_counter() - t0)
+    e, m = float(np.median(times[env_step])), float(np.median(times[sim_step]))
+    return m / e, e, m
 
 
 def _best(fn: Callable[[], None], steps: int, repeats: int, dev: torch.device, warmup: int = 2) -> float:
@@ -309,6 +356,10 @@ def main(argv: list[str] | None = None) -> dict:
                 r[key + "_rates"] = (-t["env"], -t["sim"])
                 print(f"env / bare sim {'with a backward per step' if grad else 'without gradients      '}   "
                       f"{r[key]:6.2f}   [>= 0.8]  ({-t['env']:.0f} / {-t['sim']:.0f} env steps/s)", flush=True)
+                ratio, e, m = env_sim_interleaved(model, n, 20 * max(1, args.repeats), grad, args.device)
+                r[key + "_interleaved"] = ratio
+                print(f"  the same, steps interleaved          {ratio:6.2f}            (median step: env {e * 1e3:.2f} "
+                      f"ms, sim {m * 1e3:.2f} ms)", flush=True)
         out["ratios"], out["ratio_n"] = r, n
     if args.max_n and not args.no_backward:
         start = sizes[-1]

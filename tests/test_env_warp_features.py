@@ -1,0 +1,212 @@
+"""The Warp paths of the environment step (bcg.envs.warp_*) against the torch code they replace, and their
+hand-written adjoints against finite differences.
+
+Values agree to float32 rounding, not bit for bit (the 3 x 3 products and sums run in another order); the bounds
+below sit a few times above the differences measured on these inputs (noted beside each). A rollout with the
+Warp paths keeps the simulated states bit for bit (the features feed nothing back into the physics) and the same
+terminations and resets."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from bcg.envs.rewards import StepContext
+from bcg.envs.vector_env import G1TrackingVectorEnv
+from bcg.motion.features import FeatureFn, Features
+
+
+@pytest.fixture(scope="module")
+def env() -> G1TrackingVectorEnv:
+    e = G1TrackingVectorEnv(13, "jump")  # 13 rows: the pooled arrays have 16, the last three unused
+    e.reset(seed=0)
+    return e
+
+
+def _state(env: G1TrackingVectorEnv, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows of the env moved off the reference: (q, qd, actions, previous actions)."""
+    g = torch.Generator().manual_seed(seed)
+    n = env.num_envs
+    q = env.q.clone()
+    q[:, :2] += 3 * torch.randn(n, 2, generator=g)
+    q[:, 3:7] += 0.3 * torch.randn(n, 4, generator=g)  # not unit: the kinematics normalise it
+    q[:, 7:] += 0.3 * torch.randn(n, 29, generator=g)
+    qd = env.qd + torch.randn(n, env.model.nv, generator=g)
+    return q, qd, 0.3 * torch.randn(n, 29, generator=g), 0.3 * torch.randn(n, 29, generator=g)
+
+
+def _fd(fn, x: torch.Tensor, d: torch.Tensor, eps: float) -> float:
+    """Central difference of the scalar fn along d, evaluated in float32 (the Warp path's precision)."""
+    with torch.no_grad():
+        return float((fn(x + eps * d) - fn(x - eps * d)) / (2 * eps))
+
+
+def _outputs(env: G1TrackingVectorEnv, q: torch.Tensor, qd: torch.Tensor, a: torch.Tensor, pa: torch.Tensor,
+             warp: bool) -> tuple[Features, torch.Tensor, torch.Tensor]:
+    env._use_warp(warp)
+    try:
+        f = env.feature_fn(q, qd)
+        frame = (torch.arange(env.num_envs) * 61) % env.num_frames  # the last frames clamp the reference part
+        obs = env._observe(f, frame)
+        fc = (frame + 1).clamp(max=env.num_frames - 1)
+        ctx = StepContext(a, pa, None)
+        rew = (env._warp_reward(env.reward_fn, f, fc, ctx) if warp
+               else env.reward_fn(f, env.ref_features(fc), ctx))
+    finally:
+        env._use_warp(True)
+    return f, obs, rew
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_values_equal_the_torch_path_to_rounding(env: G1TrackingVectorEnv, seed: int) -> None:
+    q, qd, a, pa = _state(env, seed)
+    fw, ow, rw = _outputs(env, q, qd, a, pa, True)
+    ft, ot, rt = _outputs(env, q, qd, a, pa, False)
+    for name, x, y in zip(Features._fields, fw, ft, strict=True):
+        assert x.shape == y.shape, name
+        torch.testing.assert_close(x, y, rtol=0, atol=2e-6, msg=name)  # measured <= 4.8e-7 (positions, rotations)
+    torch.testing.assert_close(ow, ot, rtol=0, atol=5e-6)  # measured 1.4e-6 (entries up to ~10)
+    torch.testing.assert_close(rw, rt, rtol=0, atol=1e-6)  # measured 1.5e-8
+    assert torch.equal(fw.joint_pos, ft.joint_pos) and torch.equal(fw.root_pos_w, ft.root_pos_w)
+
+
+def test_gradients_equal_torch_autograd(env: G1TrackingVectorEnv) -> None:
+    """One backward through features, observation and reward: the adjoints of the three Warp launches against
+    torch autograd of the torch path."""
+    q, qd, a, pa = _state(env, 2)
+    w = torch.randn(env.obs_dim, generator=torch.Generator().manual_seed(3))
+    grads = []
+    for warp in (True, False):
+        xs = [x.clone().requires_grad_(True) for x in (q, qd, a, pa)]
+        f, obs, rew = _outputs(env, *xs, warp)
+        ((obs * w).sum() + 5 * rew.sum() + f.body_pos_w.sum() + f.body_rot_w.sum()).backward()
+        grads.append([x.grad for x in xs])
+    for gw, gt in zip(*grads, strict=True):
+        scale = float(gt.abs().max())
+        torch.testing.assert_close(gw, gt, rtol=0, atol=2e-6 * scale)  # measured 4e-7 x the largest entry
+
+
+@pytest.mark.parametrize("part", ["features", "observation", "reward"])
+def test_adjoint_matches_finite_differences(env: G1TrackingVectorEnv, part: str) -> None:
+    """Directional derivatives of each Warp launch: adjoint against central differences in float32."""
+    q, qd, a, pa = _state(env, 4)
+    g = torch.Generator().manual_seed(5)
+    x0 = torch.cat([q, qd, a, pa], 1)
+    nq, nv = q.shape[1], qd.shape[1]
+    frame = (torch.arange(env.num_envs) * 37) % env.num_frames
+    wo = torch.randn(env.obs_dim, generator=g, dtype=torch.float64)
+    wf = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in env.feature_fn(q, qd)]
+
+    def scalar(x: torch.Tensor) -> torch.Tensor:
+        qq, vv, aa, pp = x.split([nq, nv, 29, 29], 1)
+        f = env.feature_fn(qq, vv)
+        # the weighted sums in float64, so that only the launches' own float32 rounding enters the differences
+        if part == "features":
+            return sum((t.double() * ww).sum() for t, ww in zip(f, wf, strict=True))
+        if part == "observation":
+            return (env._observe(f, frame).double() * wo).sum()
+        return env._warp_reward(env.reward_fn, f, frame, StepContext(aa, pp, None)).double().sum()
+
+    x = x0.clone().requires_grad_(True)
+    scalar(x).backward()
+    for k in range(3):
+        d = 0.05 * torch.randn(x0.shape, generator=g)  # steps of eps * 0.05 per entry: truncation negligible
+        if part != "reward":
+            d[:, nq + nv:] = 0  # the actions enter only the reward
+        ad = float((x.grad.double() * d).sum())
+        fd = _fd(scalar, x0, d, 1e-2)
+        # measured relative differences 0.5e-5 to 1.5e-4 (the float32 rounding of the differences)
+        assert math.isfinite(ad) and abs(ad - fd) <= 1e-3 * abs(fd) + 1e-7, (k, ad, fd)
+
+
+def test_metrics_and_instability_equal_the_torch_path(env: G1TrackingVectorEnv) -> None:
+    q, qd, _, _ = _state(env, 6)
+    f = FeatureFn(env.model)(q, qd)
+    frame = (torch.arange(env.num_envs) * 53) % env.num_frames
+    ref = env.ref_features(frame)
+    key_dist, track = env._warp_reward.metrics(f, frame)
+    torch.testing.assert_close(key_dist, (f.key_pos_w - ref.key_pos_w).norm(dim=-1).amax(1), rtol=1e-6, atol=0)
+    torch.testing.assert_close(track, (f.body_pos_w - ref.body_pos_w).norm(dim=-1).mean(1), rtol=1e-6, atol=0)
+    q[0, 10], qd[1, 3], q[2, 0] = float("nan"), 1e6, 5e5
+    s = dataclasses.replace(env.state, q=q, qd=qd)
+    import bcg.sim
+    from bcg.sim.bridge import MAX_ROOT_POSITION
+
+    want = env._unstable_torch(s, float(bcg.sim.MAX_SPEED), float(MAX_ROOT_POSITION))
+    assert torch.equal(env._unstable(s), want) and want[:3].all()
+
+
+def _rollout(motion: str, randomization: bool, warp: bool, differentiable: bool, steps: int = 40) -> dict:
+    env = G1TrackingVectorEnv(6, motion, domain_randomization=randomization, differentiable=differentiable,
+                              max_episode_steps=15)
+    env._use_warp(warp)
+    obs, _ = env.reset(seed=7)
+    g = torch.Generator().manual_seed(1)
+    out: dict = {k: [] for k in ("obs", "reward", "terminated", "truncated", "final_obs", "q", "qd", "grad")}
+    out["obs"].append(obs)
+    for t in range(steps):
+        a = (0.4 * torch.randn(6, 29, generator=g)).requires_grad_(differentiable)
+        obs, rew, term, trunc, info = env.step(a)
+        if differentiable and t % 4 == 3:  # a window of 4 steps, then the graph is cut
+            (rew.sum() + 0.01 * obs.sum()).backward()
+            out["grad"].append(a.grad)
+            env.detach()
+        for k, v in (("obs", obs), ("reward", rew), ("terminated", term), ("truncated", trunc),
+                     ("final_obs", info["final_obs"]), ("q", env.q), ("qd", env.qd)):
+            out[k].append(v.detach())
+    return out
+
+
+@pytest.mark.parametrize("motion,randomization,differentiable", [
+    ("run", False, False), ("jump", True, False), ("run", True, True), ("jump", False, True)])
+def test_rollouts_equal_the_torch_path(motion: str, randomization: bool, differentiable: bool) -> None:
+    """40 steps, autoresets included: the same states bit for bit, the same terminations, observations and rewards
+    to float32 rounding, action gradients to rounding."""
+    a = _rollout(motion, randomization, True, differentiable)
+    b = _rollout(motion, randomization, False, differentiable)
+    assert sum(int(t.sum()) for t in a["terminated"] + a["truncated"]) >= 6  # several episodes end
+    for k in ("q", "qd", "terminated", "truncated"):
+        assert all(torch.equal(x, y) for x, y in zip(a[k], b[k], strict=True)), k
+    # measured: observations 3.8e-6 to 6.7e-6 (velocities of tens of rad/s rotated into the heading frame), rewards
+    # 0.6e-7 to 2.7e-7
+    for k, tol in (("obs", 2e-5), ("final_obs", 2e-5), ("reward", 1e-6)):
+        err = max(float((x - y).abs().max()) for x, y in zip(a[k], b[k], strict=True))
+        assert err <= tol, (k, err)
+    for x, y in zip(a["grad"], b["grad"], strict=True):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-5 * float(y.abs().max()))  # measured 1.7e-6 x the largest
+
+
+def test_counter_based_draws_are_the_same_bits() -> None:
+    """The Warp hash (uint32 arithmetic) gives the int64-masked torch draws bit for bit, keys beyond 32 bits too."""
+    from bcg.envs.transition import _hash32, hash_uniform
+    from bcg.envs.warp_hash import WarpHash
+
+    h, g = WarpHash(), torch.Generator().manual_seed(0)
+    for n in (1, 5, 64, 100):
+        key = torch.randint(0, 2**31 - 1, (n,), generator=g)
+        counter = torch.randint(0, 10**6, (n,), generator=g)
+        for stream in (0, 1, 2, 70000):
+            assert torch.equal(h.uniform(key, counter, 849, stream), hash_uniform(key, counter, 849, stream))
+            assert torch.equal(h.uniform(key, counter, 7, stream), hash_uniform(key, counter, 7, stream))
+        big = key * 4096 + 2**40
+        assert torch.equal(h.hash32(key), _hash32(key)) and torch.equal(h.hash32(big), _hash32(big))
+        assert torch.equal(h.hash32(key, 0x5BD1E995), _hash32(key + 0x5BD1E995))
+
+
+def test_only_the_plain_reward_on_float32_takes_the_warp_path(env: G1TrackingVectorEnv) -> None:
+    """A TrackingReward subclass (it may change the formula) or float64 actions go to the torch code."""
+    from bcg.envs.rewards import TrackingReward
+    from bcg.envs.warp_reward import WarpTrackingReward
+
+    class Custom(TrackingReward):
+        pass
+
+    f = env.feature_fn(env.q, env.qd)
+    a = torch.zeros(env.num_envs, 29)
+    assert WarpTrackingReward.accepts(TrackingReward(), f, StepContext(a, a, None))
+    assert not WarpTrackingReward.accepts(Custom(), f, StepContext(a, a, None))
+    assert not WarpTrackingReward.accepts(TrackingReward(), f, StepContext(a.double(), a, None))
+    assert not WarpTrackingReward.accepts(TrackingReward(), f.cast(torch.float64), StepContext(a, a, None))
