@@ -27,7 +27,7 @@ from torch.autograd.function import once_differentiable
 from bcg.motion.features import FeatureFn, Features
 from bcg.sim.model import SimModel
 
-__all__ = ["WarpFeatureFn", "WarpKinematics", "bucket", "head"]
+__all__ = ["BucketPool", "WarpFeatureFn", "WarpKinematics", "bucket", "head"]
 
 # the kernels' adjoints are written by hand below: Warp's generated ones would only cost compile time
 wp.set_module_options({"enable_backward": False})
@@ -37,6 +37,27 @@ def bucket(n: int) -> int:
     """Rows of the pooled arrays that serve a batch of ``n`` rows: the next power of two, so a process that sees
     many batch sizes (autoresets of K rows) keeps O(log N) array sets of at most 2 N rows, not one per size."""
     return 1 << max(0, n - 1).bit_length()
+
+
+class BucketPool:
+    """Base of a Warp path: one set of arrays and packed launches per ``bucket(n)`` rows (made on first use by
+    ``make_buffers``), and the lock that serialises their use."""
+
+    def __init__(self) -> None:
+        self._pool: dict[int, Any] = {}
+        self.lock = threading.Lock()
+
+    def make_buffers(self, rows: int) -> Any:
+        """A new set of arrays and launches for ``rows`` rows."""
+        raise NotImplementedError
+
+    def buffers(self, n: int) -> Any:
+        """The arrays and packed launches that serve ``n`` rows (``bucket(n)`` rows; made on first use)."""
+        m = bucket(n)
+        buf = self._pool.get(m)
+        if buf is None:
+            buf = self._pool[m] = self.make_buffers(m)
+        return buf
 
 
 def head(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -210,7 +231,7 @@ class _FK(torch.autograd.Function):
         return g_q, None
 
 
-class WarpKinematics:
+class WarpKinematics(BucketPool):
     """``q [N, nq] -> (rot [N, nb, 3, 3], pos [N, nb, 3], key points [N, nk, 3])`` in one CPU launch (float32),
     differentiable in ``q`` through torch autograd (the adjoint is one more launch).
 
@@ -251,16 +272,10 @@ class WarpKinematics:
             wp.array(key_body.cpu().numpy().astype(np.int32), dtype=wp.int32, device=dev),
             vecs(key_offset.detach().cpu()),
         ]
-        self._pool: dict[int, _Buffers] = {}
-        self.lock = threading.Lock()
+        super().__init__()
 
-    def buffers(self, n: int) -> _Buffers:
-        """The arrays and packed launches that serve ``n`` rows (``bucket(n)`` rows; made on first use)."""
-        m = bucket(n)
-        buf = self._pool.get(m)
-        if buf is None:
-            buf = self._pool[m] = _Buffers(self, m)
-        return buf
+    def make_buffers(self, rows: int) -> _Buffers:
+        return _Buffers(self, rows)
 
     def __call__(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         if q.dtype != torch.float32 or q.device.type != "cpu" or q.dim() != 2 or q.shape[1] != self.nq:

@@ -12,7 +12,6 @@ another order), not bit for bit. Only float32 CPU inputs take this path.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
@@ -20,7 +19,7 @@ import warp as wp
 from torch.autograd.function import once_differentiable
 
 from bcg.envs.observations import ReferenceTable
-from bcg.envs.warp_features import bucket, head
+from bcg.envs.warp_features import BucketPool, head
 from bcg.motion.features import Features
 
 __all__ = ["WarpObservation"]
@@ -242,14 +241,19 @@ class _Buffers:
         self.forward, self.backward = prepack(fwd), prepack(bwd)
 
 
+def _load(buf: _Buffers, n: int, fut: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> None:
+    """Copy a batch of ``n`` rows into the first rows of the pooled input arrays."""
+    for name, x in zip(_IN, inputs, strict=True):
+        head(buf.t[name], n).copy_(x)
+    head(buf.t_fut, n).copy_(fut)
+
+
 def _obs(wo: WarpObservation, fut: torch.Tensor, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """The forward launch: a fresh observation [n, D]."""
     n = fut.shape[0]
     with wo.lock:
         buf = wo.buffers(n)
-        for name, x in zip(_IN, inputs, strict=True):
-            head(buf.t[name], n).copy_(x)
-        head(buf.t_fut, n).copy_(fut)
+        _load(buf, n, fut, inputs)
         buf.forward()  # rows from n on hold another batch's (valid) values: computed, never read
         return head(buf.t_obs, n).clone()
 
@@ -270,9 +274,7 @@ class _Obs(torch.autograd.Function):
         n = fut.shape[0]
         with wo.lock:
             buf = wo.buffers(n)
-            for name, x in zip(_IN, inputs, strict=True):
-                head(buf.t[name], n).copy_(x)
-            head(buf.t_fut, n).copy_(fut)
+            _load(buf, n, fut, inputs)
             head(buf.t_g_obs, n).copy_(g_obs)
             buf.backward()
             grads = [head(buf.gt[name], n).clone() if need else None
@@ -280,7 +282,7 @@ class _Obs(torch.autograd.Function):
         return None, None, *grads
 
 
-class WarpObservation:
+class WarpObservation(BucketPool):
     """``(features, fut [N, K] long) -> obs [N, D]``, the values of :func:`bcg.envs.observations.observation` (to
     float32 rounding) in one CPU launch, differentiable in the features through torch autograd.
 
@@ -304,16 +306,10 @@ class WarpObservation:
 
         self.table = [arr(table.points_w, wp.vec3), arr(table.root_rot_w, wp.mat33),
                       arr(table.body_rot6, wp.float32)]
-        self._pool: dict[int, _Buffers] = {}
-        self.lock = threading.Lock()
+        super().__init__()
 
-    def buffers(self, n: int) -> _Buffers:
-        """The arrays and packed launches that serve ``n`` rows (``bucket(n)`` rows; made on first use)."""
-        m = bucket(n)
-        buf = self._pool.get(m)
-        if buf is None:
-            buf = self._pool[m] = _Buffers(self, m)
-        return buf
+    def make_buffers(self, rows: int) -> _Buffers:
+        return _Buffers(self, rows)
 
     @staticmethod
     def accepts(f: Features) -> bool:

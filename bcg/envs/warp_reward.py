@@ -14,7 +14,6 @@ Same formulas as the torch code; values agree to float32 rounding (sums in anoth
 from __future__ import annotations
 
 import dataclasses
-import threading
 from typing import Any
 
 import torch
@@ -22,7 +21,7 @@ import warp as wp
 from torch.autograd.function import once_differentiable
 
 from bcg.envs.rewards import StepContext, TrackingReward
-from bcg.envs.warp_features import bucket, head
+from bcg.envs.warp_features import BucketPool, head
 from bcg.motion.features import Features
 
 __all__ = ["WarpTrackingReward"]
@@ -312,7 +311,7 @@ class _Reward(torch.autograd.Function):
         return None, None, None, *grads
 
 
-class WarpTrackingReward:
+class WarpTrackingReward(BucketPool):
     """The default :class:`~bcg.envs.rewards.TrackingReward` against a clip's reference table, in Warp launches.
 
     Args:
@@ -336,16 +335,10 @@ class WarpTrackingReward:
         r.root_pos, r.root_rot = arr(ref.root_pos_w, wp.vec3), arr(ref.root_rot_w, wp.mat33)
         r.lin_vel, r.ang_vel = arr(ref.root_lin_vel_w, wp.vec3), arr(ref.root_ang_vel_b, wp.vec3)
         self.ref = r
-        self._pool: dict[int, _Buffers] = {}
-        self.lock = threading.Lock()
+        super().__init__()
 
-    def buffers(self, n: int) -> _Buffers:
-        """The arrays and packed launches that serve ``n`` rows (``bucket(n)`` rows; made on first use)."""
-        m = bucket(n)
-        buf = self._pool.get(m)
-        if buf is None:
-            buf = self._pool[m] = _Buffers(self, m)
-        return buf
+    def make_buffers(self, rows: int) -> _Buffers:
+        return _Buffers(self, rows)
 
     @staticmethod
     def accepts(reward_fn: Any, sim: Features, ctx: StepContext) -> bool:
