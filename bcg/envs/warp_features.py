@@ -31,6 +31,7 @@ __all__ = ["BucketPool", "WarpFeatureFn", "WarpKinematics", "bucket", "head"]
 
 # the kernels' adjoints are written by hand below: Warp's generated ones would only cost compile time
 wp.set_module_options({"enable_backward": False})
+wp.config.log_level = max(wp.config.log_level, wp.LOG_WARNING)  # no init banner, no line per module load
 
 
 def bucket(n: int) -> int:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import warp as wp
 
-wp.config.quiet = True
+# Warp's info messages (its init banner, a line per module load) off; its warnings still show
+wp.config.log_level = max(wp.config.log_level, wp.LOG_WARNING)
 
 ROOT_NQ = wp.constant(7)  # qpos entries of the free root (position, quaternion w x y z); hinges follow
 ROOT_NV = wp.constant(6)  # qvel entries of the free root (linear world, angular body); hinges follow
