@@ -193,7 +193,7 @@ def actuator_torque(u: float, qd: float, limit: float, speed: float):
 
     tau = L (sat(u / L + e) - e), sat(y) = y / (1 + y^4)^(1/4), e = (qd / v0)^7: the smooth saturation of the PD
     torque u at the limit L, where the back-EMF-like shift e (v0 = ``speed``, the no-load speed) leaves the torque
-    unchanged at rest and below saturation, and takes away the driving torque in the direction of motion as qd
+    unchanged at rest and nearly so below saturation (by e (1 - sat') L), and takes away the driving torque in the direction of motion as qd
     nears v0 (to 1 % at 0.52 v0, 10 % at 0.72 v0, all of it at v0). Returns (tau, d tau / d u, partial d tau / d qd
     through e); the last is <= 0, a damping, so the implicit term it gives is positive.
     """
