@@ -27,7 +27,7 @@ from torch.autograd.function import once_differentiable
 from bcg.motion.features import FeatureFn, Features
 from bcg.sim.model import SimModel
 
-__all__ = ["BucketPool", "WarpFeatureFn", "WarpKinematics", "bucket", "head"]
+__all__ = ["BucketPool", "WarpFeatureFn", "WarpKinematics", "bucket", "cpu_array", "head"]
 
 # the kernels' adjoints are written by hand below: Warp's generated ones would only cost compile time
 wp.set_module_options({"enable_backward": False})
@@ -59,6 +59,11 @@ class BucketPool:
         if buf is None:
             buf = self._pool[m] = self.make_buffers(m)
         return buf
+
+
+def cpu_array(x: torch.Tensor, dtype: Any) -> wp.array:
+    """A CPU Warp array of ``dtype`` (``wp.float32``, ``wp.vec3``, ``wp.mat33``, ...): a float32 copy of ``x``."""
+    return wp.array(x.detach().to("cpu", torch.float32).contiguous().numpy(), dtype=dtype, device="cpu")
 
 
 def head(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -259,19 +264,12 @@ class WarpKinematics(BucketPool):
         K[:, 1, 2], K[:, 2, 0], K[:, 2, 1] = -axis[:, 0], -axis[:, 1], axis[:, 0]
         Bm = quat_to_matrix_wxyz(torch.as_tensor(model.body_quat_wxyz, dtype=torch.float32))
         dev = self.wp_device
-
-        def mats(x: torch.Tensor) -> wp.array:
-            return wp.array(x.contiguous().numpy(), dtype=wp.mat33, device=dev)
-
-        def vecs(x: torch.Tensor) -> wp.array:
-            return wp.array(x.to(torch.float32).contiguous().numpy(), dtype=wp.vec3, device=dev)
-
         self.consts = [
             wp.array(parent.clip(min=0).astype(np.int32), dtype=wp.int32, device=dev),
-            mats(Bm), mats(Bm @ K), mats(Bm @ K @ K),
-            vecs(torch.as_tensor(model.body_pos, dtype=torch.float32)),
+            cpu_array(Bm, wp.mat33), cpu_array(Bm @ K, wp.mat33), cpu_array(Bm @ K @ K, wp.mat33),
+            cpu_array(torch.as_tensor(model.body_pos, dtype=torch.float32), wp.vec3),
             wp.array(key_body.cpu().numpy().astype(np.int32), dtype=wp.int32, device=dev),
-            vecs(key_offset.detach().cpu()),
+            cpu_array(key_offset, wp.vec3),
         ]
         super().__init__()
 

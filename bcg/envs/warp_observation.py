@@ -19,7 +19,7 @@ import warp as wp
 from torch.autograd.function import once_differentiable
 
 from bcg.envs.observations import ReferenceTable
-from bcg.envs.warp_features import BucketPool, head
+from bcg.envs.warp_features import BucketPool, cpu_array, head
 from bcg.motion.features import Features
 
 __all__ = ["WarpObservation"]
@@ -299,13 +299,8 @@ class WarpObservation(BucketPool):
         if tuple(table.points_w.shape) != (f, 1 + nk, 3) or tuple(table.body_rot6.shape) != (f, 6 * nb):
             raise ValueError(f"the reference table does not match nb = {nb}, nk = {nk}: points "
                              f"{list(table.points_w.shape)}, body_rot6 {list(table.body_rot6.shape)}")
-        dev = self.wp_device
-
-        def arr(x: torch.Tensor, dtype: Any) -> wp.array:
-            return wp.array(x.detach().to("cpu", torch.float32).contiguous().numpy(), dtype=dtype, device=dev)
-
-        self.table = [arr(table.points_w, wp.vec3), arr(table.root_rot_w, wp.mat33),
-                      arr(table.body_rot6, wp.float32)]
+        self.table = [cpu_array(table.points_w, wp.vec3), cpu_array(table.root_rot_w, wp.mat33),
+                      cpu_array(table.body_rot6, wp.float32)]
         super().__init__()
 
     def make_buffers(self, rows: int) -> _Buffers:

@@ -21,7 +21,7 @@ import warp as wp
 from torch.autograd.function import once_differentiable
 
 from bcg.envs.rewards import StepContext, TrackingReward
-from bcg.envs.warp_features import BucketPool, head
+from bcg.envs.warp_features import BucketPool, cpu_array, head
 from bcg.motion.features import Features
 
 __all__ = ["WarpTrackingReward"]
@@ -324,16 +324,11 @@ class WarpTrackingReward(BucketPool):
         self.wp_device = wp.get_device("cpu")
         self.nj, self.nk, self.nb, self.nu = (int(ref.joint_pos.shape[1]), int(ref.key_pos_w.shape[1]),
                                               int(ref.body_pos_w.shape[1]), int(nu))
-        dev = self.wp_device
-
-        def arr(x: torch.Tensor, dtype: Any) -> wp.array:
-            return wp.array(x.detach().to("cpu", torch.float32).contiguous().numpy(), dtype=dtype, device=dev)
-
         r = _Ref()
-        r.joint_pos, r.joint_vel = arr(ref.joint_pos, wp.float32), arr(ref.joint_vel, wp.float32)
-        r.key_pos, r.body_pos = arr(ref.key_pos_w, wp.vec3), arr(ref.body_pos_w, wp.vec3)
-        r.root_pos, r.root_rot = arr(ref.root_pos_w, wp.vec3), arr(ref.root_rot_w, wp.mat33)
-        r.lin_vel, r.ang_vel = arr(ref.root_lin_vel_w, wp.vec3), arr(ref.root_ang_vel_b, wp.vec3)
+        r.joint_pos, r.joint_vel = cpu_array(ref.joint_pos, wp.float32), cpu_array(ref.joint_vel, wp.float32)
+        r.key_pos, r.body_pos = cpu_array(ref.key_pos_w, wp.vec3), cpu_array(ref.body_pos_w, wp.vec3)
+        r.root_pos, r.root_rot = cpu_array(ref.root_pos_w, wp.vec3), cpu_array(ref.root_rot_w, wp.mat33)
+        r.lin_vel, r.ang_vel = cpu_array(ref.root_lin_vel_w, wp.vec3), cpu_array(ref.root_ang_vel_b, wp.vec3)
         self.ref = r
         super().__init__()
 

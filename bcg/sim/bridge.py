@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import warp as wp
@@ -263,39 +264,42 @@ def _field(flat: torch.Tensor, spec: FieldSpec) -> torch.Tensor:
     return flat[start:start + spec.nbytes // 4].view(*spec.shape, *spec.inner_shape)
 
 
+def _cached_views(arrs: StepArrays | GradArrays, build: Callable[[Any, torch.Tensor, int], dict]) -> dict:
+    """``build(layout, flat, S)`` once per array set (kept on the set): ``flat`` is one float32 torch view of the set's
+    buffer, ``S`` the index of its last substep state."""
+    cached = getattr(arrs, "bcg_views", None)
+    if cached is None:
+        lay = arrs.layout
+        last = sum(1 for f in lay.fields if f.group == "q") - 1
+        cached = arrs.bcg_views = build(lay, wp.to_torch(arrs.buffer, requires_grad=False), last)
+    return cached
+
+
 def _views(arrs: StepArrays) -> dict:
     """torch views of the arrays a step reads and writes, made once per array set (slices of one torch view of the
     set's buffer): a ``copy_`` into a view is one torch operation, where ``wp.from_torch`` + ``wp.copy`` (or
     ``wp.to_torch``) build Warp or torch array objects on every step (about 20 us each, in the calling thread,
     serial to the blocks)."""
-    cached = getattr(arrs, "bcg_views", None)
-    if cached is not None:
-        return cached
-    lay = arrs.layout
-    S = sum(1 for f in lay.fields if f.group == "q") - 1
-    flat = wp.to_torch(arrs.buffer, requires_grad=False)
-    v = dict(q0=_field(flat, lay.find("q", 0)), qd0=_field(flat, lay.find("qd", 0)),
-             targets=_field(flat, lay.find("targets")), qS=_field(flat, lay.find("q", S)),
-             qdS=_field(flat, lay.find("qd", S)), impulse=_field(flat, lay.find("impulse")),
-             depth=_field(flat, lay.find("depth")),
-             physics={f.name: _field(flat, f) for f in lay.fields if f.group == "physics"})
-    arrs.bcg_views = v
-    return v
+
+    def build(lay: Any, flat: torch.Tensor, S: int) -> dict:
+        return dict(q0=_field(flat, lay.find("q", 0)), qd0=_field(flat, lay.find("qd", 0)),
+                    targets=_field(flat, lay.find("targets")), qS=_field(flat, lay.find("q", S)),
+                    qdS=_field(flat, lay.find("qd", S)), impulse=_field(flat, lay.find("impulse")),
+                    depth=_field(flat, lay.find("depth")),
+                    physics={f.name: _field(flat, f) for f in lay.fields if f.group == "physics"})
+
+    return _cached_views(arrs, build)
 
 
 def _grad_views(grads: GradArrays) -> dict:
     """torch views of the gradients a backward copies in (of q[S], qd[S], impulse) and out (of q[0], qd[0],
     targets), made once per gradient set."""
-    cached = getattr(grads, "bcg_views", None)
-    if cached is not None:
-        return cached
-    lay = grads.layout
-    S = sum(1 for f in lay.fields if f.group == "q") - 1
-    flat = wp.to_torch(grads.buffer, requires_grad=False)
-    v = dict(g_in=[_field(flat, lay.find(*k)) for k in (("q", S), ("qd", S), ("impulse",))],
-             g_out=[_field(flat, lay.find(*k)) for k in (("q", 0), ("qd", 0), ("targets",))])
-    grads.bcg_views = v
-    return v
+
+    def build(lay: Any, flat: torch.Tensor, S: int) -> dict:
+        return dict(g_in=[_field(flat, lay.find(*k)) for k in (("q", S), ("qd", S), ("impulse",))],
+                    g_out=[_field(flat, lay.find(*k)) for k in (("q", 0), ("qd", 0), ("targets",))])
+
+    return _cached_views(grads, build)
 
 
 def _load(arrs: StepArrays, rows: slice, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
