@@ -17,17 +17,20 @@ from bcg.robots import g1
 from bcg.sim import kernels as K
 from bcg.sim.engine import StepArrays, run_control_step, substep_launches
 
-KERNELS = ["fk_rnea", "composite", "mass_tau", "factor_free", "contact_setup", "pgs", "apply_integrate"]
+KERNELS = ["fk_rnea", "composite", "mass_tau", "factor_free", "contact_setup", "pgs", "apply_contact",
+           "limit_guard_integrate"]
 EPS = (3e-3, 1e-3, 3e-4, 1e-4)
 """Finite-difference steps (relative, per entry); the smallest error counts. 3e-3 was added with the per-foot normal
-regulariser and beta 0.5: the larger impulses put apply_integrate's float32 rounding at 3.0e-3 for eps <= 1e-3 (seed
+regulariser and beta 0.5: the larger impulses put apply_contact's float32 rounding at 3.0e-3 for eps <= 1e-3 (seed
 0), 1.6e-5 at 3e-3."""
 KERNEL_TOLERANCE = {  # about 2-3x the largest relative error measured over seeds 0-3
     "fk_rnea": 5e-3, "composite": 2e-3, "mass_tau": 3e-4, "factor_free": 1.5e-3, "contact_setup": 3e-3,
     # pgs: 2.0e-3 at seed 1 (the other seeds 4e-5 - 1.1e-4), flat over eps 1e-4 - 1e-3: float32 rounding of a foot
     # whose spheres are near-hard (weights 0.99 - 0.998, a near rank-deficient block); the adjoint itself agrees
     # with float64 autograd to 2e-7 on the same data (test_pgs_adjoint_equals_float64_autograd)
-    "pgs": 2.5e-3, "apply_integrate": 2e-3,
+    "pgs": 2.5e-3, "apply_contact": 2e-3,
+    # limit_guard_integrate on the contact fixture (no row binding) and on limit_substep (seeds 0-3: 1.5e-4 - 8.4e-4)
+    "limit_guard_integrate": 1.5e-3,
 }
 
 
@@ -50,6 +53,30 @@ def contact_substep(g1_model):
     return arrs
 
 
+@pytest.fixture(scope="module")
+def limit_substep(g1_model):
+    """Arrays of one control step in the air: every limited joint starts within 10 % of its range from a limit,
+    moving towards it at 5-20 rad/s, and is driven 0.5 rad past it, so the joint-limit guard stops many joints in
+    every substep, some fully (gate near 1), some partly."""
+    gen = torch.Generator().manual_seed(0)
+    n = 2
+    limited = np.nonzero(g1_model.dof_limited)[0]
+    lo, hi = (torch.tensor(g1_model.dof_range[limited, i], dtype=torch.float32) for i in (0, 1))
+    upper = torch.rand(n, len(limited), generator=gen) > 0.5
+    inset = 0.1 * (hi - lo) * torch.rand(n, len(limited), generator=gen)
+    q = torch.tensor(g1.default_qpos(), dtype=torch.float32)[None].repeat(n, 1)
+    q[:, 2] += 1.0
+    q[:, 7:] = torch.where(upper, hi - inset, lo + inset)
+    qd = torch.zeros(n, g1_model.nv)
+    qd[:, limited] = (5 + 15 * torch.rand(n, len(limited), generator=gen)) * torch.where(upper, 1.0, -1.0)
+    targets = torch.where(upper, hi + 0.5, lo - 0.5)
+    arrs = StepArrays(g1_model, n, requires_grad=True)
+    for dst, src in ((arrs.q[0], q), (arrs.qd[0], qd), (arrs.targets, targets)):
+        wp.copy(dst, wp.from_torch(src.contiguous()))
+    run_control_step(g1_model, arrs)
+    return arrs
+
+
 def _step_arrays(arrs: StepArrays) -> set[int]:
     ids = {id(a) for a in arrs.q + arrs.qd + [arrs.targets, arrs.impulse, arrs.depth]}
     for s in arrs.sub:
@@ -66,8 +93,11 @@ def _rebuild(a: wp.array, values: np.ndarray, requires_grad: bool) -> wp.array:
                     requires_grad=requires_grad)
 
 
-def _check_kernel(model, arrs, name: str, seed: int) -> float:
-    launch = next(lc for lc in substep_launches(model, arrs, 0) if lc.kernel.key.endswith(name))
+def _check_kernel(model, arrs, name: str, seed: int, substep: int = 0, eps_list: tuple = EPS,
+                  unweighted: tuple[int, ...] = ()) -> float:
+    """Relative FD error of the kernel's adjoint along a random direction (the smallest over ``eps_list``);
+    ``unweighted``: indices of outputs left out of the functional."""
+    launch = next(lc for lc in substep_launches(model, arrs, substep) if lc.kernel.key.endswith(name))
     owned = _step_arrays(arrs)
     rng = np.random.default_rng(seed)
     var_idx = [i for i, a in enumerate(launch.inputs) if isinstance(a, wp.array) and id(a) in owned]
@@ -97,11 +127,13 @@ def _check_kernel(model, arrs, name: str, seed: int) -> float:
     # scratch holds garbage where a kernel does not write), so that float32 rounding of the largest outputs does
     # not drown the finite differences of the small ones
     weights += [rng.normal(size=_as_np(o).shape) / (np.abs(_as_np(o)).max() + 1e-9) for o in outputs]
+    for i in unweighted:
+        weights[i] = np.zeros_like(weights[i])
     tape.backward(grads={o: wp.array(w.astype(np.float32), dtype=o.dtype, shape=o.shape)
                          for o, w in zip(outputs, weights)})
     analytic = sum(float((_as_np(inputs[i].grad) * dirs[i]).sum()) for i in var_idx)
     errors = []
-    for eps in EPS:
+    for eps in eps_list:
         fd = (run(eps, False)[0] - run(-eps, False)[0]) / (2 * eps)
         errors.append(abs(fd - analytic) / max(abs(analytic), 1e-6))
     assert min(errors) < KERNEL_TOLERANCE[name], f"{name}: analytic {analytic:.6g}, relative FD errors {errors}"
@@ -111,7 +143,78 @@ def _check_kernel(model, arrs, name: str, seed: int) -> float:
 @pytest.mark.parametrize("name", KERNELS)
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
 def test_kernel_adjoint_matches_finite_differences(g1_model, contact_substep, name, seed):
-    _check_kernel(g1_model, contact_substep, name, seed)
+    _check_kernel(g1_model, contact_substep, name, seed, unweighted=UNWEIGHTED.get(name, ()))
+
+
+UNWEIGHTED = {"limit_guard_integrate": (0, 1, 3, 4, 6)}
+"""Outputs left out of the contact fixture's functional: the guard's side and excess of a joint whose predicted
+position is at mid-range switch to the other limit there (nothing depends on them: such a row is far from both
+limits, its gate 0), and its per-row scratch (GUARD_SCRATCH below)."""
+GUARD_EPS = (1e-4, 3e-5, 1e-5)
+"""Smaller steps than EPS: the guard's allowance rounds the corner at the limit over 2 mrad, and joints the guard
+stopped in the substep before sit inside that corner."""
+GUARD_SCRATCH = (3, 4, 6)
+"""Outputs left out of the guard's FD functional: Yl, Dl and residual_l are written only for rows the guard
+stops, so they appear when a perturbation lifts a row's excess above 0 (what they feed, the impulses and the
+velocity, is continuous there and stays in)."""
+GUARD_SUBSTEP = 2
+"""The fixture's substep checked below: 51 of the 58 rows in the guard's window (7 of them partly, 0 < gate < 1), 19
+binding (impulse > 0)."""
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_limit_guard_adjoint_matches_finite_differences(g1_model, limit_substep, seed):
+    """The guard kernel with rows active (the contact fixture above has none: its joints are far from the limits)."""
+    gate = limit_substep.sub[GUARD_SUBSTEP]["gate"].numpy()
+    binding = (limit_substep.sub[GUARD_SUBSTEP]["lam_l"].numpy()[:, -1] > 0) & (gate > 0)
+    assert ((gate > 0) & (gate < 1)).sum() >= 4 and binding.sum() >= 12, (gate, binding)
+    error = _check_kernel(g1_model, limit_substep, "limit_guard_integrate", seed, substep=GUARD_SUBSTEP,
+                          eps_list=GUARD_EPS, unweighted=GUARD_SCRATCH)
+    print(f"guard kernel, seed {seed}: relative FD error {error:.2e}")
+
+
+def test_limit_guard_equals_float64_reference(g1_model, limit_substep):
+    """The guard kernel against reference.limit_guard in float64 on the fixture's inputs (the reference factors
+    H = L^T L rebuilt from the kernel's tree factor): the velocity and its gradients with respect to the incoming
+    velocity and the joint positions."""
+    from bcg.sim import reference
+
+    launch = next(lc for lc in substep_launches(g1_model, limit_substep, GUARD_SUBSTEP)
+                  if lc.kernel.key.endswith("limit_guard_integrate"))
+    q_np, L_np, v_np = (_as_np(launch.inputs[i]) for i in range(3))
+    inputs = list(launch.inputs)
+    inputs[0], inputs[2] = _rebuild(launch.inputs[0], q_np, True), _rebuild(launch.inputs[2], v_np, True)
+    outputs = [wp.zeros(o.shape, dtype=o.dtype, device=o.device, requires_grad=True) for o in launch.outputs]
+    tape = wp.Tape()
+    with tape:
+        wp.launch(launch.kernel, dim=limit_substep.n, inputs=inputs, outputs=outputs, device=g1_model.device)
+    qd_out = outputs[-1]
+    weights = np.random.default_rng(0).normal(size=qd_out.shape)
+    tape.backward(grads={qd_out: wp.array(weights.astype(np.float32), dtype=float, shape=qd_out.shape)})
+    q_t = torch.tensor(q_np, requires_grad=True)
+    v_t = torch.tensor(v_np, requires_grad=True)
+    L_t = torch.tensor(L_np)
+    chol = torch.linalg.cholesky(L_t.transpose(1, 2) @ L_t)
+    ref = reference.limit_guard(g1_model, q_t, v_t, chol)
+    scale = float(ref.detach().abs().max())
+    moved = float((ref.detach() - v_t.detach()).abs().max())
+    assert moved > 1.0, moved  # the guard changed the velocity
+    value_err = float(np.abs(_as_np(qd_out) - ref.detach().numpy()).max()) / scale
+    print(f"guard vs float64: value {value_err:.2e}")
+    assert value_err < GUARD_VALUE, value_err
+    (ref * torch.tensor(weights)).sum().backward()
+    for name, g_wp, g_ref in (("v", _as_np(inputs[2].grad), v_t.grad.numpy()),
+                              ("q", _as_np(inputs[0].grad), q_t.grad.numpy())):
+        rel = np.linalg.norm(g_wp - g_ref) / np.linalg.norm(g_ref)
+        print(f"guard vs float64: gradient wrt {name} {rel:.2e}")
+        assert rel < GUARD_GRAD, f"{name}: relative gradient error {rel:.2e}"
+
+
+GUARD_VALUE = 1.5e-6
+"""|Warp - float64| velocity after the guard / max |velocity|: measured 6.1e-7."""
+GUARD_GRAD = 1.5e-5
+"""Relative gradient error against float64 autograd: measured 1.1e-7 (incoming velocity), 5.2e-6 (joint positions,
+through the allowance's rounded corner)."""
 
 
 def test_loop_carried_value_is_reloaded_before_nonlinear_use():

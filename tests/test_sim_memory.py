@@ -104,7 +104,8 @@ def test_step_keeps_its_values_only(g1_model) -> None:
     shapes = sum(a.capacity for a in arrs.all_arrays())
     assert shapes <= layout.nbytes <= shapes + 64 * len(arrs.all_arrays())
     assert arrs.nbytes == layout.nbytes + layout.grad_nbytes  # with its own gradients: twice the values
-    assert layout.nbytes / (n // 2) < 141 * 1024  # 140.4 KiB per environment and control step, measured
+    assert layout.nbytes / (n // 2) < 162 * 1024  # 161.5 KiB per environment and control step, measured (140.4
+    # before the joint-limit guard's arrays)
 
     clear_pool(g1_model)
     q, qd, targets = _inputs(g1_model, n, steps, seed=0)
@@ -123,12 +124,13 @@ def test_step_keeps_its_values_only(g1_model) -> None:
 
 
 def test_kept_bytes_goal_n64_x32(g1_model) -> None:
-    """Issue 12's memory goal, from the layout (what a 64 x 32 stored rollout keeps, 1 or 2 blocks): 280.8 MiB
-    measured, goal <= 350 MiB (values and gradients, as before: 561.5 MiB)."""
+    """Issue 12's memory goal, from the layout (what a 64 x 32 stored rollout keeps, 1 or 2 blocks): 323.0 MiB
+    measured (280.8 before the joint-limit guard's arrays), goal <= 350 MiB (values and gradients, as before: 561.5
+    MiB)."""
     for blocks in (1, 2):
         kept = 32 * blocks * step_layout(g1_model, 64 // blocks).nbytes
         assert kept <= 350 * MIB
-        assert kept == pytest.approx(280.8 * MIB, rel=2e-3)
+        assert kept == pytest.approx(323.0 * MIB, rel=2e-3)
 
 
 @pytest.mark.slow
@@ -154,7 +156,7 @@ def test_relocated_launches_equal_warp_packing(g1_model) -> None:
     ga, gb = (GradArrays(a.layout, g1_model.device) for _ in range(2))
     fwd_a = [pack(c) for c in bridge._recorded(g1_model, a, adjoint=False)]
     fwd_b = [pack(c) for c in bridge._recorded(g1_model, b, adjoint=False)]
-    assert len(fwd_a) == 7 * g1_model.params.substeps
+    assert len(fwd_a) == 8 * g1_model.params.substeps
     moved = Relocatable(fwd_a, [(a.ptr, a.layout.nbytes)]).at([b.ptr - a.ptr])
     for pa, pb, pm in zip(fwd_a, fwd_b, moved, strict=True):
         assert _packed_bytes(pm) == _packed_bytes(pb)
@@ -175,15 +177,15 @@ def test_relocated_launches_equal_warp_packing(g1_model) -> None:
 
 def test_first_rollout_packs_one_set_per_shape(g1_model, monkeypatch) -> None:
     """A fresh pool's first gradient rollout records and packs the launches of one array set per block shape
-    (28 forward + 28 adjoint launches); the other sets' launches are relocated from it."""
+    (32 forward + 32 adjoint launches); the other sets' launches are relocated from it."""
     calls = []
     monkeypatch.setattr(bridge, "pack", lambda cmd: calls.append(cmd) or pack(cmd))
     clear_pool(g1_model)
     with execution_options_set(threads=2):
         _rollout(g1_model, 40, 5, seed=3)  # two blocks of 20 rows: one shape
-    assert len(calls) == 2 * 7 * g1_model.params.substeps
+    assert len(calls) == 2 * 8 * g1_model.params.substeps
     calls.clear()
     with execution_options_set(threads=2):
         _rollout(g1_model, 41, 3, seed=3)  # blocks of 21 and 20 rows: 21 is a new shape, 20 is not
-    assert len(calls) == 2 * 7 * g1_model.params.substeps
-    assert np.all([c.adjoint for c in calls[7 * g1_model.params.substeps:]])
+    assert len(calls) == 2 * 8 * g1_model.params.substeps
+    assert np.all([c.adjoint for c in calls[8 * g1_model.params.substeps:]])

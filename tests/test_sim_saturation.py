@@ -80,8 +80,13 @@ def _check(model, steps: int, tol: float) -> None:
     assert rel < tol, (analytic, fd, rel)
 
 
-# measured: 1.8e-5 (8 steps), 3.5e-4 (32 steps), with 53 % / 55 % of (substep, actuator) pairs saturated
-@pytest.mark.parametrize("steps, tol", [(8, 5e-5), (32, 1e-3)])
+# measured: 4.3e-5 (8 steps), 5.6e-4 and 3.3e-3 (32 steps, two float32 orderings of the joint-limit guard's solve),
+# with 53 % / 55 % of (substep, actuator) pairs saturated; without the guard 8.7e-6 / 2.3e-4. The swinging targets
+# press joints into their limits, where the guard's rows start binding at a kink (lambda = max(., 0), as the contact
+# normal rows): a float32 trajectory that puts a row's onset on the other side of the kink than the float64 one
+# changes the gradient by a finite amount. The float64 reference's own gradient agrees with the differences to
+# 6e-9 / 2e-8 either way; issue 7 asks for 1 %.
+@pytest.mark.parametrize("steps, tol", [(8, 8e-5), (32, 5e-3)])
 def test_gradient_through_saturated_actuators_matches_finite_differences(g1_model, steps, tol):
     assert _saturated_fraction(g1_model, _targets(steps)) > 0.5
     _check(g1_model, steps, tol)

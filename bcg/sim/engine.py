@@ -60,6 +60,8 @@ class ModelArrays:
     dof_zero: wp.array
     dof_limited: wp.array  # [nv] int 0/1
     dof_range: wp.array  # [nv] vec2 (lower, upper) [rad]
+    limit_dof: wp.array  # [nl + 1] the limited dofs in order (the last entry a spare, so it is never empty)
+    num_limited: int
     kp: wp.array
     kd: wp.array
     mu: wp.array  # [1]
@@ -108,6 +110,8 @@ def _build_arrays(model: SimModel) -> ModelArrays:
         dof_zero=f32(np.zeros((1, model.nv))),
         dof_limited=i32(model.dof_limited.astype(np.int32)),
         dof_range=f32(np.where(model.dof_limited[:, None], model.dof_range, 0.0), wp.vec2),
+        limit_dof=i32(np.append(np.nonzero(model.dof_limited)[0], 0)),  # one spare entry: never empty
+        num_limited=int(model.dof_limited.sum()),
         kp=f32(model.kp[None]),
         kd=f32(model.kd[None]),
         mu=f32(np.array([model.params.mu])),
@@ -220,6 +224,8 @@ def _scratch_shapes(model: SimModel, n: int) -> dict[str, tuple[tuple[int, ...],
     p = model.params
     nb, nv, nc, nf = model.nb, model.nv, model.nc, model.nf
     nr, nf6, it = 3 * nc, 6 * nf, p.iterations
+    nl, itl = max(int(model.dof_limited.sum()), 1), p.limit_guard_iterations
+    chain = int(model.dof_ancestor_count.max()) + 1
     f, sv, v3, m33 = float, wp.spatial_vector, wp.vec3, wp.mat33
     return dict(
         X_w=((n, nb), wp.transform), S=((n, nv), sv), v_b=((n, nb), sv), a_b=((n, nb), sv), IO_w=((n, nb), m33),
@@ -230,7 +236,10 @@ def _scratch_shapes(model: SimModel, n: int) -> dict[str, tuple[tuple[int, ...],
         Lam=((n, nf6, nf6), f), G=((n, nr), sv), P=((n, nr, nf6), f), A=((n, nr, nr), f), w=((n, nr), f),
         s_act=((n, nc), f), depth=((n, nc), f), A_foot=((n, max(nf, 1)), wp.vec2), s_norm=((n, nc), f),
         lam=((n, it + 1, nr), f), residual=((n, it, nr), f), foot_impulse=((n, nf), sv), z=((n, nv), f),
-        dv_tmp=((n, nv), f), dv=((n, nv), f),
+        dv_tmp=((n, nv), f), dv=((n, nv), f), v_contact=((n, nv), f),
+        lim_sign=((n, nl), f), excess=((n, nl), f), gate=((n, nl), f), Yl=((n, nl, chain), f),
+        Dl=((n, nl * (nl + 1) // 2), f), lam_l=((n, itl + 1, nl), f), residual_l=((n, itl, nl), f),
+        z_l=((n, nv), f), dv_l=((n, nv), f),
     )
 
 
@@ -500,7 +509,7 @@ class Launch(NamedTuple):
 
 
 def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool = False) -> list[Launch]:
-    """The seven launches of substep ``k``: reads q[k], qd[k], targets; writes q[k + 1], qd[k + 1].
+    """The eight launches of substep ``k``: reads q[k], qd[k], targets; writes q[k + 1], qd[k + 1].
 
     ``terms_only``: just the first three, set up so that H is the mass matrix with armature and tau = -bias
     (no damping, no actuation, dt = 0).
@@ -534,10 +543,15 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool
                 s["s_act"], s["depth"], s["A_foot"], s["s_norm"]]),
         Launch(K.pgs, [s["A"], s["w"], s["s_act"], s["s_norm"], s["depth"], ph["mu"], p.iterations, k],
                [s["lam"], s["residual"], arrs.impulse, arrs.depth]),
-        Launch(K.apply_integrate,
-               [q, s["v_free"], s["Y"], s["G"], s["L"], s["lam"], m.sphere_foot, m.dof_ancestors,
-                m.dof_ancestor_count, p.iterations, p.dt],
-               [s["foot_impulse"], s["z"], s["dv_tmp"], s["dv"], arrs.q[k + 1], arrs.qd[k + 1]]),
+        Launch(K.apply_contact,
+               [s["v_free"], s["Y"], s["G"], s["L"], s["lam"], m.sphere_foot, m.dof_ancestors,
+                m.dof_ancestor_count, p.iterations],
+               [s["foot_impulse"], s["z"], s["dv_tmp"], s["dv"], s["v_contact"]]),
+        Launch(K.limit_guard_integrate,
+               [q, s["L"], s["v_contact"], m.limit_dof, m.num_limited, m.dof_range, m.dof_ancestors,
+                m.dof_ancestor_count, p.limit_guard_window, p.limit_guard_width, p.limit_guard_iterations, p.dt],
+               [s["lim_sign"], s["excess"], s["gate"], s["Yl"], s["Dl"], s["lam_l"], s["residual_l"], s["z_l"],
+                s["dv_l"], arrs.q[k + 1], arrs.qd[k + 1]]),
     ]
     return launches[:3] if terms_only else launches
 

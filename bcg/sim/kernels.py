@@ -1,8 +1,8 @@
 """Warp kernels of one physics substep, one thread per environment (float32).
 
-The algorithm is the one of :mod:`bcg.sim.reference` (read that module for the maths). One substep is seven
+The algorithm is the one of :mod:`bcg.sim.reference` (read that module for the maths). One substep is eight
 launches: ``fk_rnea`` -> ``composite`` -> ``mass_tau`` -> ``factor_free`` -> ``contact_setup`` -> ``pgs`` ->
-``apply_integrate``. Spatial vectors are (angular, linear) about a point that moves with the robot, the root
+``apply_contact`` -> ``limit_guard_integrate``. Spatial vectors are (angular, linear) about a point that moves with the robot, the root
 position o = q[0:3]; body placements ``X_w`` are relative to o (the ground plane is z = -q[2] there). Only
 differences of nearby positions then enter float32 arithmetic, so the dynamics are the same 3 km from the world
 origin as at it (inertias about the world origin lose 1e-4 of the mass matrix at 30 m). Warp quaternions are x, y,
@@ -40,7 +40,8 @@ __all__ = [
     "factor_free",
     "contact_setup",
     "pgs",
-    "apply_integrate",
+    "apply_contact",
+    "limit_guard_integrate",
     "sum_squares_reloaded",
 ]
 
@@ -595,9 +596,7 @@ def pgs(
 
 
 @wp.kernel
-def apply_integrate(
-    # state in
-    q: wp.array2d(dtype=float),
+def apply_contact(
     # from factor_free, contact_setup and pgs
     v_free: wp.array2d(dtype=float),
     Y: wp.array3d(dtype=float),
@@ -609,17 +608,14 @@ def apply_integrate(
     dof_ancestors: wp.array2d(dtype=int),
     dof_ancestor_count: wp.array(dtype=int),
     iterations: int,
-    dt: float,
     # outputs (each written once per substep)
     foot_impulse: wp.array2d(dtype=wp.spatial_vector),
     z: wp.array2d(dtype=float),
     dv_tmp: wp.array2d(dtype=float),
     dv: wp.array2d(dtype=float),
-    q_out: wp.array2d(dtype=float),
-    qd_out: wp.array2d(dtype=float),
+    v_contact: wp.array2d(dtype=float),
 ):
-    """v+ = v* + H^-1 J^T lambda = v* + L^-1 (Y^T F) with F the spatial impulse on each contact body, then
-    semi-implicit Euler."""
+    """v+ = v* + H^-1 J^T lambda = v* + L^-1 (Y^T F) with F the spatial impulse on each contact body."""
     e = wp.tid()
     nf = foot_impulse.shape[1]
     nc = sphere_foot.shape[0]
@@ -644,7 +640,172 @@ def apply_integrate(
         dv_tmp[e, i] = t
         dv[e, i] = dv_tmp[e, i] / L[e, i, i]
     for a in range(nv):
-        qd_out[e, a] = v_free[e, a] + dv[e, a]
+        v_contact[e, a] = v_free[e, a] + dv[e, a]
+
+
+@wp.func
+def chain_position(a: int, k: int, dof_ancestor_count: wp.array(dtype=int), dof_ancestors: wp.array2d(dtype=int)):
+    """Index c of dof k in the chain that ends at dof a (``chain_dof(a, c) == k``), or -1 when k is not on it."""
+    c = dof_ancestor_count[a] - dof_ancestor_count[k]
+    found = int(-1)
+    if c >= 0:
+        if chain_dof(a, c, dof_ancestors) == k:
+            found = c
+    return found
+
+
+@wp.func
+def tri_index(j: int, m: int):
+    """Slot of the symmetric pair (j, m) in a packed lower triangle."""
+    hi = wp.max(j, m)
+    return hi * (hi + 1) // 2 + wp.min(j, m)
+
+
+@wp.func
+def smoothstep(y: float):
+    """0 for y <= 0, 1 for y >= 1, y^2 (3 - 2 y) between (C1)."""
+    t = wp.clamp(y, 0.0, 1.0)
+    return t * t * (3.0 - 2.0 * t)
+
+
+@wp.func
+def guard_allowance(r: float, width: float, dt: float):
+    """Speed [rad/s] at which a joint at violation r may still approach its limit: w softplus(-r / w) / dt, i.e.
+    -r / dt well inside the range, decaying to 0 past the limit (max(-r, 0) / dt with the corner rounded over w)."""
+    x = -r / width
+    # softplus with one branch per side: both derivatives are sigmoid(x), so a joint exactly at its limit (x = 0,
+    # common: the guard stops joints there) gets 1/2 (max(x, 0) + log(1 + exp(-|x|)) split the tie between two
+    # adjoints and gave -1/2)
+    sp = float(0.0)
+    if x > 0.0:
+        sp = x + wp.log(1.0 + wp.exp(-x))
+    else:
+        sp = wp.log(1.0 + wp.exp(x))
+    return width * sp / dt
+
+
+@wp.kernel
+def limit_guard_integrate(
+    # state in
+    q: wp.array2d(dtype=float),
+    # from factor_free and apply_contact
+    L: wp.array3d(dtype=float),
+    v_contact: wp.array2d(dtype=float),
+    # model
+    limit_dof: wp.array(dtype=int),
+    num_limited: int,
+    dof_range: wp.array(dtype=wp.vec2),
+    dof_ancestors: wp.array2d(dtype=int),
+    dof_ancestor_count: wp.array(dtype=int),
+    # parameters
+    guard_window: float,
+    guard_width: float,
+    iterations: int,
+    dt: float,
+    # outputs (each written once per substep; rows of joints the guard leaves alone are not written)
+    lim_sign: wp.array2d(dtype=float),
+    excess: wp.array2d(dtype=float),
+    gate: wp.array2d(dtype=float),
+    Yl: wp.array3d(dtype=float),
+    Dl: wp.array2d(dtype=float),
+    lam_l: wp.array3d(dtype=float),
+    residual_l: wp.array3d(dtype=float),
+    z_l: wp.array2d(dtype=float),
+    dv_l: wp.array2d(dtype=float),
+    q_out: wp.array2d(dtype=float),
+    qd_out: wp.array2d(dtype=float),
+):
+    """The joint-limit guard (reference.limit_guard), then semi-implicit Euler.
+
+    Row j stops limited joint a = limit_dof[j] at the position it may reach this substep: its excess speed
+    e = s v_a - guard_allowance(r) over the limit nearer to q_a + h v_a (sign s, violation r) is removed by a one-sided impulse along
+    -s e_a (a projected Gauss-Seidel row, lambda >= 0), weighted by gate = smoothstep((e + window) / (window / 2)),
+    which is 1 for rows near binding and 0 for rows far from it. Only rows with gate > 0 take part:
+    Yl [N, nl, chain] holds y = L^-T e_a on the joint's chain (``chain_dof`` order) times L's diagonal, y_k L_kk
+    (the value before the division, stored once and divided where read, so that no second copy is kept), Dl
+    [N, nl (nl + 1) / 2] the packed H^-1 entries of the pairs, lam_l [N, iterations + 1, nl] the impulses after each
+    sweep (slot 0 the zero start), dv_l [N, nv] the velocity change times L's diagonal likewise.
+    """
+    e = wp.tid()
+    nv = v_contact.shape[1]
+    for j in range(num_limited):
+        a = limit_dof[j]
+        qa = q[e, a + 1]
+        lo_hi = dof_range[a]
+        # the limit nearer to where the joint would end the substep; the side changes only at mid-range, where
+        # neither row is stopped (both excesses are negative there), so the guard stays continuous
+        s = float(-1.0)
+        r = lo_hi[0] - qa
+        if qa + dt * v_contact[e, a] >= 0.5 * (lo_hi[0] + lo_hi[1]):
+            s = 1.0
+            r = qa - lo_hi[1]
+        lim_sign[e, j] = s
+        ex = s * v_contact[e, a] - guard_allowance(r, guard_width, dt)
+        excess[e, j] = ex
+        g = float(0.0)
+        if guard_window > 0.0:
+            g = smoothstep((ex + guard_window) / (0.5 * guard_window))
+        gate[e, j] = g
+    # L^T y = e_a touches the joint's own chain only (the contact rows' Y solve with J = e_a)
+    for j in range(num_limited):
+        if gate[e, j] > 0.0:
+            a = limit_dof[j]
+            for c in range(dof_ancestor_count[a] + 1):
+                k = chain_dof(a, c, dof_ancestors)
+                t = float(0.0)
+                if c == 0:
+                    t = 1.0
+                for c2 in range(c):
+                    m = chain_dof(a, c2, dof_ancestors)
+                    t = t - L[e, m, k] * Yl[e, j, c2] / L[e, m, m]
+                Yl[e, j, c] = t
+    # (H^-1)_ab = y_a . y_b over the dofs the two chains share
+    for j in range(num_limited):
+        if gate[e, j] > 0.0:
+            a = limit_dof[j]
+            for m in range(j + 1):
+                if gate[e, m] > 0.0:
+                    b = limit_dof[m]
+                    acc = float(0.0)
+                    for c in range(dof_ancestor_count[a] + 1):
+                        k = chain_dof(a, c, dof_ancestors)
+                        cb = chain_position(b, k, dof_ancestor_count, dof_ancestors)
+                        if cb >= 0:
+                            acc = acc + Yl[e, j, c] * Yl[e, m, cb] / (L[e, k, k] * L[e, k, k])
+                    Dl[e, tri_index(j, m)] = acc
+    for j in range(num_limited):
+        if gate[e, j] > 0.0:
+            lam_l[e, 0, j] = 0.0
+    for it in range(iterations):
+        for j in range(num_limited):
+            if gate[e, j] > 0.0:
+                acc = excess[e, j]
+                for m in range(num_limited):
+                    if gate[e, m] > 0.0:
+                        if m < j:
+                            acc = acc - lim_sign[e, j] * lim_sign[e, m] * Dl[e, tri_index(j, m)] * lam_l[e, it + 1, m]
+                        else:
+                            acc = acc - lim_sign[e, j] * lim_sign[e, m] * Dl[e, tri_index(j, m)] * lam_l[e, it, m]
+                residual_l[e, it, j] = acc
+                lam_l[e, it + 1, j] = wp.max(
+                    gate[e, j] * (lam_l[e, it, j] + residual_l[e, it, j] / Dl[e, tri_index(j, j)]), 0.0)
+    # dv = H^-1 sum_j e_a (-s lam) = L^-1 z with z = -sum_j s lam y_a
+    for k in range(nv):
+        acc = float(0.0)
+        for j in range(num_limited):
+            if gate[e, j] > 0.0:
+                c = chain_position(limit_dof[j], k, dof_ancestor_count, dof_ancestors)
+                if c >= 0:
+                    acc = acc - lim_sign[e, j] * lam_l[e, iterations, j] * Yl[e, j, c] / L[e, k, k]
+        z_l[e, k] = acc
+    for i in range(nv):
+        t = z_l[e, i]
+        for c in range(dof_ancestor_count[i]):
+            b = dof_ancestors[i, c]
+            t = t - L[e, i, b] * dv_l[e, b] / L[e, b, b]
+        dv_l[e, i] = t
+    for a in range(nv):
+        qd_out[e, a] = v_contact[e, a] + dv_l[e, a] / L[e, a, a]
     for k in range(3):
         q_out[e, k] = q[e, k] + dt * qd_out[e, k]
     # root quaternion (w, x, y, z): q <- normalize(q + dt/2 q (0, omega_body))

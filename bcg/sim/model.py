@@ -65,6 +65,17 @@ class ContactParams:
     limit_impedance: float = 0.99
     """Largest fraction of a limited joint's free velocity that the limit absorbs per substep (MuJoCo's solimp
     d_max); must lie in (0, 1)."""
+    limit_guard_window: float = 20.0
+    """Window [rad/s] of the joint-limit guard, the hard stop after the contact solve (reference.limit_guard): a
+    limited joint takes part when its excess speed e over what would carry it to its limit by the end of the
+    substep (or deeper past it) is above -window, fully above -window / 2 (a C1 smoothstep between), so that joints
+    close to binding are stopped too when the impulses on their neighbours fling them; 0 turns the guard off."""
+    limit_guard_width: float = 0.002
+    """Width [rad] over which the guard's allowance (the speed at which a joint may still approach its limit,
+    max(-r, 0) / h for violation r) is rounded at the limit: w softplus(-r / w) / h; joints pressed into a limit
+    rest within it, so its corner must not be sharp."""
+    limit_guard_iterations: int = 4
+    """Gauss-Seidel sweeps of the guard over the joints it stops (coupled through the inverse mass matrix)."""
 
     def __post_init__(self) -> None:
         def is_int(x: Any) -> bool:
@@ -83,6 +94,9 @@ class ContactParams:
             "limit_kappa": finite(self.limit_kappa) and self.limit_kappa > 0,
             "limit_beta": finite(self.limit_beta) and 0 <= self.limit_beta <= 1,
             "limit_impedance": finite(self.limit_impedance) and 0 < self.limit_impedance < 1,
+            "limit_guard_window": finite(self.limit_guard_window) and self.limit_guard_window >= 0,
+            "limit_guard_iterations": is_int(self.limit_guard_iterations) and self.limit_guard_iterations >= 1,
+            "limit_guard_width": finite(self.limit_guard_width) and self.limit_guard_width > 0,
         }
         expected = {
             "kappa": "a finite value > 0 [1/m]",
@@ -94,6 +108,9 @@ class ContactParams:
             "limit_kappa": "a finite value > 0 [1/rad]",
             "limit_beta": "a value in [0, 1]",
             "limit_impedance": "a value in (0, 1)",
+            "limit_guard_window": "a finite value >= 0 [rad/s] (0: no guard)",
+            "limit_guard_iterations": "an integer >= 1",
+            "limit_guard_width": "a finite value > 0 [rad]",
         }
         for name, ok in checks.items():
             if not ok:

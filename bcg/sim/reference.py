@@ -22,7 +22,10 @@ It implements exactly what the Warp kernels in :mod:`bcg.sim.kernels` implement,
    per foot, as MuJoCo's per-body diagApprox; a per-sphere A_nn made the heel 3x stiffer than the toe and leaned
    the standing robot forward), i.e. the weight A_nn s / (A_nn s + a_foot (1 - s)); friction projected onto the
    disc of radius mu lambda_n;
-5. v+ = v* + H^-1 J^T lambda; semi-implicit Euler, root quaternion q <- normalize(q + h/2 q (0, omega_body)).
+5. v+ = v* + H^-1 J^T lambda;
+6. the joint-limit guard (``limit_guard``): a limited joint that v+ would carry past its limit by the end of the
+   substep (or deeper past it) is stopped there by one-sided impulses through H^-1, the contact impulses held;
+7. semi-implicit Euler, root quaternion q <- normalize(q + h/2 q (0, omega_body)).
 
 State layout is MuJoCo's (see :mod:`bcg.sim.model`).
 """
@@ -429,9 +432,65 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
         qd_next = vs
         impulse = q.new_zeros(n, 0)
         penetration = q.new_zeros(n, 0)
+    qd_next = limit_guard(model, q, qd_next, L)
     q_next = integrate(q, qd_next, dt)
     return q_next, qd_next, impulse, penetration
 
+
+def limit_side(model: SimModel, q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The limit of every limited joint nearer to where the velocity v [N, nv] would take it by the end of the
+    substep, and the joint's violation of it now.
+
+    Returns (sign [N, nl]: +1 for the upper limit, -1 for the lower; violation r [N, nl] in rad, positive past the
+    limit), the joints in the order of ``model.dof_limited.nonzero()``. The side changes only where the predicted
+    position crosses mid-range, where the guard stops neither side.
+    """
+    limited = model.dof_limited.astype(bool)
+    rng = torch.as_tensor(model.dof_range[limited], dtype=q.dtype, device=q.device)
+    dofs = torch.as_tensor(limited.nonzero()[0], device=q.device)
+    qj = q[:, dofs + 1]
+    upper = qj + model.params.dt * v[:, dofs] >= 0.5 * (rng[:, 0] + rng[:, 1])
+    sign = torch.where(upper, 1.0, -1.0).to(q.dtype)
+    return sign, torch.where(upper, qj - rng[:, 1], rng[:, 0] - qj)
+
+
+def limit_guard(model: SimModel, q: torch.Tensor, v: torch.Tensor, L: torch.Tensor) -> torch.Tensor:
+    """The joint-limit guard after the contact solve (step 6): returns the velocity [N, nv] with every limited
+    joint stopped at the position it may reach by the end of the substep, the contact impulses held.
+
+    A joint at violation r of the limit nearer to where v takes it (sign s) may move towards it at most at the
+    allowance u = w softplus(-r / w) / h, w = limit_guard_width: about -r / h well inside the range (up to the limit
+    by the end of the substep), decaying to 0 past it (no deeper; backing out is the damper's job), i.e.
+    max(-r, 0) / h with the corner at the limit, where joints pressed into their limits come to rest, rounded over
+    w. Its excess speed e = s v_j - u is a one-sided row of the inverse mass matrix restricted to the limited joints,
+    D = H^-1, solved by ``limit_guard_iterations`` projected Gauss-Seidel sweeps from zero. Each row's update is
+    weighted by g = smoothstep((e + M) / (M / 2)), M = limit_guard_window, inside the update like the contact
+    activation: 1 for rows near binding (e > -M / 2), which may bind when the impulses on their neighbours fling
+    them; 0 for rows far from binding, which take no part (their H^-1 entries are not needed). The guard is
+    continuous in the state. ``L``: lower Cholesky factor of the step's system matrix H [N, nv, nv].
+    """
+    p = model.params
+    if p.limit_guard_window <= 0 or not model.dof_limited.any():
+        return v
+    sign, r = limit_side(model, q, v.detach())
+    dofs = torch.as_tensor(model.dof_limited.astype(bool).nonzero()[0], device=q.device)
+    width = p.limit_guard_width
+    excess = sign * v[:, dofs] - width * torch.nn.functional.softplus(-r / width) / p.dt
+    y = torch.clamp((excess + p.limit_guard_window) / (0.5 * p.limit_guard_window), 0.0, 1.0)
+    gate = y * y * (3.0 - 2.0 * y)
+    if not bool((gate > 0).any()):
+        return v
+    n, nv, nl = v.shape[0], v.shape[1], len(dofs)
+    E = torch.zeros(nv, nl, dtype=v.dtype, device=v.device)
+    E[dofs, torch.arange(nl, device=v.device)] = 1.0
+    Hinv_cols = torch.cholesky_solve(E.expand(n, nv, nl), L)  # H^-1 e_a [N, nv, nl]
+    D = Hinv_cols[:, dofs, :] * sign[:, :, None] * sign[:, None, :]
+    lam = [v.new_zeros(n) for _ in range(nl)]
+    for _ in range(p.limit_guard_iterations):
+        for j in range(nl):
+            res = excess[:, j] - (D[:, j, :] * torch.stack(lam, 1)).sum(-1)
+            lam[j] = torch.clamp(gate[:, j] * (lam[j] + res / D[:, j, j]), min=0.0)
+    return v - (Hinv_cols @ (sign * torch.stack(lam, 1))[:, :, None])[:, :, 0]
 
 def integrate(q: torch.Tensor, qd: torch.Tensor, dt: float) -> torch.Tensor:
     """Semi-implicit Euler position update with the new velocity ``qd`` [N, nv]; returns qpos [N, nq]."""
