@@ -29,8 +29,8 @@ KERNEL_TOLERANCE = {  # about 2-3x the largest relative error measured over seed
     # whose spheres are near-hard (weights 0.99 - 0.998, a near rank-deficient block); the adjoint itself agrees
     # with float64 autograd to 2e-7 on the same data (test_pgs_adjoint_equals_float64_autograd)
     "pgs": 2.5e-3, "apply_contact": 2e-3,
-    # limit_guard_integrate on the contact fixture (no row binding) and on limit_substep (seeds 0-3: 1.5e-4 - 8.4e-4)
-    "limit_guard_integrate": 1.5e-3,
+    # limit_guard_integrate on the contact fixture (no row binding) and on limit_substep (seeds 0-3: 1.5e-4 - 1.4e-3)
+    "limit_guard_integrate": 2e-3,
 }
 
 
@@ -150,16 +150,18 @@ UNWEIGHTED = {"limit_guard_integrate": (0, 1, 3, 4, 6)}
 """Outputs left out of the contact fixture's functional: the guard's side and excess of a joint whose predicted
 position is at mid-range switch to the other limit there (nothing depends on them: such a row is far from both
 limits, its gate 0), and its per-row scratch (GUARD_SCRATCH below)."""
-GUARD_EPS = (1e-4, 3e-5, 1e-5)
-"""Smaller steps than EPS: the guard's allowance rounds the corner at the limit over 2 mrad, and joints the guard
-stopped in the substep before sit inside that corner."""
+GUARD_EPS = (1e-3, 3e-4, 1e-4, 3e-5)
+"""Smaller steps than EPS as well: the guard's allowance rounds the corner at the limit over 2 mrad, and joints the
+guard stopped in the substep before sit inside that corner."""
 GUARD_SCRATCH = (3, 4, 6)
-"""Outputs left out of the guard's FD functional: Yl, Dl and residual_l are written only for rows the guard
-stops, so they appear when a perturbation lifts a row's excess above 0 (what they feed, the impulses and the
-velocity, is continuous there and stays in)."""
-GUARD_SUBSTEP = 2
-"""The fixture's substep checked below: 51 of the 58 rows in the guard's window (7 of them partly, 0 < gate < 1), 19
-binding (impulse > 0)."""
+"""Outputs left out of the guard's FD functional: Yl, Dl and residual_l are written only for rows in the guard's
+window, so they appear when a perturbation moves a row into it (what they feed, the impulses and the velocity, is
+continuous there and stays in)."""
+GUARD_SUBSTEP = 3
+"""The fixture's substep of the FD check: 53 of the 58 rows in the guard's window (9 of them partly, 0 < gate < 1),
+24 binding (impulse > 0). A binding row starts at a kink (lambda = max(., 0)); at substeps 1 and 2 one of the four
+random directions crosses a row's kink within the FD steps (errors 3.5e-3 - 1.1e-2 that do not shrink with the
+step), here none does. The float64 comparison below checks the adjoint exactly at substeps 1-3."""
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2, 3])
@@ -173,13 +175,14 @@ def test_limit_guard_adjoint_matches_finite_differences(g1_model, limit_substep,
     print(f"guard kernel, seed {seed}: relative FD error {error:.2e}")
 
 
-def test_limit_guard_equals_float64_reference(g1_model, limit_substep):
+@pytest.mark.parametrize("substep", [1, 2, 3])
+def test_limit_guard_equals_float64_reference(g1_model, limit_substep, substep):
     """The guard kernel against reference.limit_guard in float64 on the fixture's inputs (the reference factors
     H = L^T L rebuilt from the kernel's tree factor): the velocity and its gradients with respect to the incoming
     velocity and the joint positions."""
     from bcg.sim import reference
 
-    launch = next(lc for lc in substep_launches(g1_model, limit_substep, GUARD_SUBSTEP)
+    launch = next(lc for lc in substep_launches(g1_model, limit_substep, substep)
                   if lc.kernel.key.endswith("limit_guard_integrate"))
     q_np, L_np, v_np = (_as_np(launch.inputs[i]) for i in range(3))
     inputs = list(launch.inputs)
@@ -211,10 +214,10 @@ def test_limit_guard_equals_float64_reference(g1_model, limit_substep):
 
 
 GUARD_VALUE = 1.5e-6
-"""|Warp - float64| velocity after the guard / max |velocity|: measured 6.1e-7."""
-GUARD_GRAD = 1.5e-5
-"""Relative gradient error against float64 autograd: measured 1.1e-7 (incoming velocity), 5.2e-6 (joint positions,
-through the allowance's rounded corner)."""
+"""|Warp - float64| velocity after the guard / max |velocity|: measured 4.1e-7 - 7.5e-7 (substeps 1-3)."""
+GUARD_GRAD = 2.5e-5
+"""Relative gradient error against float64 autograd, substeps 1-3: measured 6.6e-8 - 1.3e-7 (incoming velocity),
+5.2e-6 - 1.4e-5 (joint positions, through the allowance's rounded corner)."""
 
 
 def test_loop_carried_value_is_reloaded_before_nonlinear_use():

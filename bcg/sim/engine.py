@@ -148,8 +148,9 @@ POOL_LIMIT_BYTES = 2 * 2**30
 _ALIGN = 64
 """Byte alignment of every array inside a set's buffer (a cache line)."""
 
-RESET_FIELDS = ("H", "J_foot", "Y", "lam")
-"""Scratch the kernels write only partly (H: the tree's nonzeros; J_foot, Y: the foot chains; lam: sweeps 1..K):
+RESET_FIELDS = ("H", "J_foot", "Y", "lam", "z_l", "guard_on")
+"""Scratch the kernels write only partly or accumulate into (H: the tree's nonzeros; J_foot, Y: the foot chains;
+lam: sweeps 1..K; z_l, guard_on: the joint-limit guard's sums and flag):
 zeroed before every use of a set, so the entries never written stay 0 as the kernels expect."""
 CREATE_ZEROED = ("L", "L_tmp")
 """Also zeroed when a set is created (as they always were); the kernels read only the entries they write."""
@@ -239,7 +240,7 @@ def _scratch_shapes(model: SimModel, n: int) -> dict[str, tuple[tuple[int, ...],
         dv_tmp=((n, nv), f), dv=((n, nv), f), v_contact=((n, nv), f),
         lim_sign=((n, nl), f), excess=((n, nl), f), gate=((n, nl), f), Yl=((n, nl, chain), f),
         Dl=((n, nl * (nl + 1) // 2), f), lam_l=((n, itl + 1, nl), f), residual_l=((n, itl, nl), f),
-        z_l=((n, nv), f), dv_l=((n, nv), f),
+        z_l=((n, nv), f), dv_l=((n, nv), f), guard_on=((n,), f),
     )
 
 
@@ -551,7 +552,7 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool
                [q, s["L"], s["v_contact"], m.limit_dof, m.num_limited, m.dof_range, m.dof_ancestors,
                 m.dof_ancestor_count, p.limit_guard_window, p.limit_guard_width, p.limit_guard_iterations, p.dt],
                [s["lim_sign"], s["excess"], s["gate"], s["Yl"], s["Dl"], s["lam_l"], s["residual_l"], s["z_l"],
-                s["dv_l"], arrs.q[k + 1], arrs.qd[k + 1]]),
+                s["dv_l"], s["guard_on"], arrs.q[k + 1], arrs.qd[k + 1]]),
     ]
     return launches[:3] if terms_only else launches
 

@@ -677,9 +677,11 @@ def guard_allowance(r: float, width: float, dt: float):
     # common: the guard stops joints there) gets 1/2 (max(x, 0) + log(1 + exp(-|x|)) split the tie between two
     # adjoints and gave -1/2)
     sp = float(0.0)
-    if x > 0.0:
+    if x > 20.0:
+        sp = x  # log(1 + exp(-x)) < 2.1e-9 x: below float32 resolution, and the common case (far inside)
+    elif x > 0.0:
         sp = x + wp.log(1.0 + wp.exp(-x))
-    else:
+    elif x > -20.0:
         sp = wp.log(1.0 + wp.exp(x))
     return width * sp / dt
 
@@ -712,6 +714,7 @@ def limit_guard_integrate(
     residual_l: wp.array3d(dtype=float),
     z_l: wp.array2d(dtype=float),
     dv_l: wp.array2d(dtype=float),
+    guard_on: wp.array(dtype=float),
     q_out: wp.array2d(dtype=float),
     qd_out: wp.array2d(dtype=float),
 ):
@@ -724,7 +727,8 @@ def limit_guard_integrate(
     Yl [N, nl, chain] holds y = L^-T e_a on the joint's chain (``chain_dof`` order) times L's diagonal, y_k L_kk
     (the value before the division, stored once and divided where read, so that no second copy is kept), Dl
     [N, nl (nl + 1) / 2] the packed H^-1 entries of the pairs, lam_l [N, iterations + 1, nl] the impulses after each
-    sweep (slot 0 the zero start), dv_l [N, nv] the velocity change times L's diagonal likewise.
+    sweep (slot 0 the zero start), dv_l [N, nv] the velocity change times L's diagonal likewise. guard_on [N]
+    (arrives zeroed) marks the environments with a row in the window; the others skip the solve.
     """
     e = wp.tid()
     nv = v_contact.shape[1]
@@ -746,66 +750,71 @@ def limit_guard_integrate(
         if guard_window > 0.0:
             g = smoothstep((ex + guard_window) / (0.5 * guard_window))
         gate[e, j] = g
-    # L^T y = e_a touches the joint's own chain only (the contact rows' Y solve with J = e_a)
-    for j in range(num_limited):
-        if gate[e, j] > 0.0:
-            a = limit_dof[j]
-            for c in range(dof_ancestor_count[a] + 1):
-                k = chain_dof(a, c, dof_ancestors)
-                t = float(0.0)
-                if c == 0:
-                    t = 1.0
-                for c2 in range(c):
-                    m = chain_dof(a, c2, dof_ancestors)
-                    t = t - L[e, m, k] * Yl[e, j, c2] / L[e, m, m]
-                Yl[e, j, c] = t
-    # (H^-1)_ab = y_a . y_b over the dofs the two chains share
-    for j in range(num_limited):
-        if gate[e, j] > 0.0:
-            a = limit_dof[j]
-            for m in range(j + 1):
-                if gate[e, m] > 0.0:
-                    b = limit_dof[m]
-                    acc = float(0.0)
-                    for c in range(dof_ancestor_count[a] + 1):
-                        k = chain_dof(a, c, dof_ancestors)
-                        cb = chain_position(b, k, dof_ancestor_count, dof_ancestors)
-                        if cb >= 0:
-                            acc = acc + Yl[e, j, c] * Yl[e, m, cb] / (L[e, k, k] * L[e, k, k])
-                    Dl[e, tri_index(j, m)] = acc
-    for j in range(num_limited):
-        if gate[e, j] > 0.0:
-            lam_l[e, 0, j] = 0.0
-    for it in range(iterations):
+        if g > 0.0:
+            guard_on[e] = 1.0  # an array, not a loop-carried flag: the adjoint reads it back (docs/simulator.md)
+    if guard_on[e] > 0.0:
+        # L^T y = e_a touches the joint's own chain only (the contact rows' Y solve with J = e_a)
         for j in range(num_limited):
             if gate[e, j] > 0.0:
-                acc = excess[e, j]
-                for m in range(num_limited):
+                a = limit_dof[j]
+                for c in range(dof_ancestor_count[a] + 1):
+                    k = chain_dof(a, c, dof_ancestors)
+                    t = float(0.0)
+                    if c == 0:
+                        t = 1.0
+                    for c2 in range(c):
+                        m = chain_dof(a, c2, dof_ancestors)
+                        t = t - L[e, m, k] * Yl[e, j, c2] / L[e, m, m]
+                    Yl[e, j, c] = t
+        # (H^-1)_ab = y_a . y_b over the dofs the two chains share
+        for j in range(num_limited):
+            if gate[e, j] > 0.0:
+                a = limit_dof[j]
+                for m in range(j + 1):
                     if gate[e, m] > 0.0:
-                        if m < j:
-                            acc = acc - lim_sign[e, j] * lim_sign[e, m] * Dl[e, tri_index(j, m)] * lam_l[e, it + 1, m]
-                        else:
-                            acc = acc - lim_sign[e, j] * lim_sign[e, m] * Dl[e, tri_index(j, m)] * lam_l[e, it, m]
-                residual_l[e, it, j] = acc
-                lam_l[e, it + 1, j] = wp.max(
-                    gate[e, j] * (lam_l[e, it, j] + residual_l[e, it, j] / Dl[e, tri_index(j, j)]), 0.0)
-    # dv = H^-1 sum_j e_a (-s lam) = L^-1 z with z = -sum_j s lam y_a
-    for k in range(nv):
-        acc = float(0.0)
+                        b = limit_dof[m]
+                        acc = float(0.0)
+                        for c in range(dof_ancestor_count[a] + 1):
+                            k = chain_dof(a, c, dof_ancestors)
+                            cb = chain_position(b, k, dof_ancestor_count, dof_ancestors)
+                            if cb >= 0:
+                                acc = acc + Yl[e, j, c] * Yl[e, m, cb] / (L[e, k, k] * L[e, k, k])
+                        Dl[e, tri_index(j, m)] = acc
         for j in range(num_limited):
             if gate[e, j] > 0.0:
-                c = chain_position(limit_dof[j], k, dof_ancestor_count, dof_ancestors)
-                if c >= 0:
-                    acc = acc - lim_sign[e, j] * lam_l[e, iterations, j] * Yl[e, j, c] / L[e, k, k]
-        z_l[e, k] = acc
-    for i in range(nv):
-        t = z_l[e, i]
-        for c in range(dof_ancestor_count[i]):
-            b = dof_ancestors[i, c]
-            t = t - L[e, i, b] * dv_l[e, b] / L[e, b, b]
-        dv_l[e, i] = t
-    for a in range(nv):
-        qd_out[e, a] = v_contact[e, a] + dv_l[e, a] / L[e, a, a]
+                lam_l[e, 0, j] = 0.0
+        for it in range(iterations):
+            for j in range(num_limited):
+                if gate[e, j] > 0.0:
+                    acc = excess[e, j]
+                    for m in range(num_limited):
+                        if gate[e, m] > 0.0:
+                            if m < j:
+                                acc = acc - lim_sign[e, j] * lim_sign[e, m] * Dl[e, tri_index(j, m)] * lam_l[e, it + 1, m]
+                            else:
+                                acc = acc - lim_sign[e, j] * lim_sign[e, m] * Dl[e, tri_index(j, m)] * lam_l[e, it, m]
+                    residual_l[e, it, j] = acc
+                    lam_l[e, it + 1, j] = wp.max(
+                        gate[e, j] * (lam_l[e, it, j] + residual_l[e, it, j] / Dl[e, tri_index(j, j)]), 0.0)
+        # dv = H^-1 sum_j e_a (-s lam) = L^-1 z with z = -sum_j s lam y_a, accumulated over each row's chain (z_l
+        # arrives zeroed)
+        for j in range(num_limited):
+            if gate[e, j] > 0.0:
+                a = limit_dof[j]
+                for c in range(dof_ancestor_count[a] + 1):
+                    k = chain_dof(a, c, dof_ancestors)
+                    z_l[e, k] += -lim_sign[e, j] * lam_l[e, iterations, j] * Yl[e, j, c] / L[e, k, k]
+        for i in range(nv):
+            t = z_l[e, i]
+            for c in range(dof_ancestor_count[i]):
+                b = dof_ancestors[i, c]
+                t = t - L[e, i, b] * dv_l[e, b] / L[e, b, b]
+            dv_l[e, i] = t
+        for a in range(nv):
+            qd_out[e, a] = v_contact[e, a] + dv_l[e, a] / L[e, a, a]
+    else:
+        for a in range(nv):
+            qd_out[e, a] = v_contact[e, a]
     for k in range(3):
         q_out[e, k] = q[e, k] + dt * qd_out[e, k]
     # root quaternion (w, x, y, z): q <- normalize(q + dt/2 q (0, omega_body))

@@ -65,7 +65,7 @@ class ContactParams:
     limit_impedance: float = 0.99
     """Largest fraction of a limited joint's free velocity that the limit absorbs per substep (MuJoCo's solimp
     d_max); must lie in (0, 1)."""
-    limit_guard_window: float = 20.0
+    limit_guard_window: float = 12.0
     """Window [rad/s] of the joint-limit guard, the hard stop after the contact solve (reference.limit_guard): a
     limited joint takes part when its excess speed e over what would carry it to its limit by the end of the
     substep (or deeper past it) is above -window, fully above -window / 2 (a C1 smoothstep between), so that joints
