@@ -43,6 +43,12 @@ def test_bad_parameters_and_devices():
         load_model(kappa=-5.0)
     with pytest.raises(TypeError, match="unknown simulator parameter"):
         load_model(stiffness=3.0)
+    with pytest.raises(ValueError, match="limit_guard_window must be a finite value >= 0"):
+        ContactParams(limit_guard_window=-1.0)
+    with pytest.raises(ValueError, match="limit_guard_width must be a finite value > 0"):
+        ContactParams(limit_guard_width=0.0)
+    with pytest.raises(ValueError, match="limit_guard_iterations must be an integer >= 1"):
+        ContactParams(limit_guard_iterations=2.5)
     with pytest.raises(ValueError, match="unknown device 'tpu'"):
         load_model(device="tpu")
     if not torch.cuda.is_available():
