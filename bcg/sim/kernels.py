@@ -728,31 +728,39 @@ def limit_guard_integrate(
     (the value before the division, stored once and divided where read, so that no second copy is kept), Dl
     [N, nl (nl + 1) / 2] the packed H^-1 entries of the pairs, lam_l [N, iterations + 1, nl] the impulses after each
     sweep (slot 0 the zero start), dv_l [N, nv] the velocity change times L's diagonal likewise. guard_on [N]
-    (arrives zeroed) marks the environments with a row in the window; the others skip the solve.
+    (arrives zeroed) marks the environments with a joint that could be in the window; the others skip the guard
+    (its outputs but q_out and qd_out are then not written).
     """
     e = wp.tid()
     nv = v_contact.shape[1]
+    # cheap detection first (no differentiable outputs, so its adjoint costs nothing): a row can be in the window,
+    # excess > -window, only if the joint would end the substep within window * h of a limit (the allowance is at
+    # least -r / h), so environments with no such joint skip the guard in both passes
     for j in range(num_limited):
         a = limit_dof[j]
-        qa = q[e, a + 1]
+        p_end = q[e, a + 1] + dt * v_contact[e, a]
         lo_hi = dof_range[a]
-        # the limit nearer to where the joint would end the substep; the side changes only at mid-range, where
-        # neither row is stopped (both excesses are negative there), so the guard stays continuous
-        s = float(-1.0)
-        r = lo_hi[0] - qa
-        if qa + dt * v_contact[e, a] >= 0.5 * (lo_hi[0] + lo_hi[1]):
-            s = 1.0
-            r = qa - lo_hi[1]
-        lim_sign[e, j] = s
-        ex = s * v_contact[e, a] - guard_allowance(r, guard_width, dt)
-        excess[e, j] = ex
-        g = float(0.0)
-        if guard_window > 0.0:
-            g = smoothstep((ex + guard_window) / (0.5 * guard_window))
-        gate[e, j] = g
-        if g > 0.0:
+        if guard_window > 0.0 and wp.min(lo_hi[1] - p_end, p_end - lo_hi[0]) < dt * guard_window:
             guard_on[e] = 1.0  # an array, not a loop-carried flag: the adjoint reads it back (docs/simulator.md)
     if guard_on[e] > 0.0:
+        for j in range(num_limited):
+            a = limit_dof[j]
+            qa = q[e, a + 1]
+            lo_hi = dof_range[a]
+            # the limit nearer to where the joint would end the substep; the side changes only at mid-range, where
+            # neither row is stopped (both excesses are negative there), so the guard stays continuous
+            s = float(-1.0)
+            r = lo_hi[0] - qa
+            if qa + dt * v_contact[e, a] >= 0.5 * (lo_hi[0] + lo_hi[1]):
+                s = 1.0
+                r = qa - lo_hi[1]
+            lim_sign[e, j] = s
+            ex = s * v_contact[e, a] - guard_allowance(r, guard_width, dt)
+            excess[e, j] = ex
+            g = float(0.0)
+            if guard_window > 0.0:
+                g = smoothstep((ex + guard_window) / (0.5 * guard_window))
+            gate[e, j] = g
         # L^T y = e_a touches the joint's own chain only (the contact rows' Y solve with J = e_a)
         for j in range(num_limited):
             if gate[e, j] > 0.0:
