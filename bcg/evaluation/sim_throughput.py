@@ -89,17 +89,26 @@ def sim_rate(model, n: int, steps: int, grad: bool, repeats: int, **options: obj
     """Control steps per second (x N environments) of the bare :func:`bcg.sim.step` loop the vector env runs:
     with ``grad``, a backward of a loss on each step's outputs after every step (a differentiable window of one
     step, as the env benchmark does)."""
-    from bcg.robots import g1
-    from bcg.sim import step
     from bcg.sim.execution import execution_options_set
 
     dev = _device(model)
-    q0 = torch.tensor(g1.default_qpos(), dtype=torch.float32)[None].repeat(n, 1).to(dev)
-    base = torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32, device=dev)
-    gen = torch.Generator(device=dev).manual_seed(0)
-    state = {"q": q0, "qd": torch.zeros(n, model.nv, device=dev)}
+    one = _sim_stepper(model, n, grad, torch.Generator(device=dev).manual_seed(0))
+    with execution_options_set(**options):
+        return n * steps / _best(one, steps, repeats, dev)
 
-    def one() -> None:
+
+def _sim_stepper(model, n: int, grad: bool, gen: torch.Generator) -> Callable[[], None]:
+    """One bare :func:`bcg.sim.step` of ``n`` robots from the standing pose per call (targets: the standing pose
+    plus noise of 0.05 rad from ``gen``; with ``grad``, a backward of a loss on the step's outputs, the graph cut)."""
+    from bcg.robots import g1
+    from bcg.sim import step
+
+    dev = _device(model)
+    base = torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32, device=dev)
+    state = {"q": torch.tensor(g1.default_qpos(), dtype=torch.float32)[None].repeat(n, 1).to(dev),
+             "qd": torch.zeros(n, model.nv, device=dev)}
+
+    def sim_step() -> None:
         targets = (base + 0.05 * torch.randn(n, model.nu, generator=gen, device=dev)).requires_grad_(grad)
         with torch.set_grad_enabled(grad):
             q, qd, c = step(model, state["q"], state["qd"], targets)
@@ -107,8 +116,21 @@ def sim_rate(model, n: int, steps: int, grad: bool, repeats: int, **options: obj
                 (q[:, 2].sum() + qd.sum() + c.impulse.sum()).backward()
         state["q"], state["qd"] = q.detach(), qd.detach()
 
-    with execution_options_set(**options):
-        return n * steps / _best(one, steps, repeats, dev)
+    return sim_step
+
+
+def _env_stepper(env, n: int, grad: bool, gen: torch.Generator, dev: torch.device) -> Callable[[], None]:
+    """One step of the vector ``env`` per call (random actions of scale 0.1 from ``gen``; with ``grad``, a
+    backward of the reward sum, the graph cut)."""
+
+    def env_step() -> None:
+        a = (torch.randn(n, 29, generator=gen, device=dev) * 0.1).requires_grad_(grad)
+        _, rew, *_ = env.step(a)
+        if grad:
+            rew.sum().backward()
+            env.detach()
+
+    return env_step
 
 
 def env_rate(n: int, steps: int, grad: bool, repeats: int, device: str = "cpu", motion: str = "run",
@@ -121,15 +143,7 @@ def env_rate(n: int, steps: int, grad: bool, repeats: int, device: str = "cpu", 
     env = G1TrackingVectorEnv(n, motion, differentiable=grad, device=device)
     env.reset(seed=0)
     dev = torch.device(device)
-    g = torch.Generator(device=dev).manual_seed(0)
-
-    def one() -> None:
-        a = (torch.randn(n, 29, generator=g, device=dev) * 0.1).requires_grad_(grad)
-        _, rew, *_ = env.step(a)
-        if grad:
-            rew.sum().backward()
-            env.detach()
-
+    one = _env_stepper(env, n, grad, torch.Generator(device=dev).manual_seed(0), dev)
     with execution_options_set(**options):
         return n * steps / _best(one, steps, repeats, dev)
 
@@ -141,31 +155,13 @@ def env_sim_interleaved(model, n: int, steps: int, grad: bool, device: str = "cp
     other processes slow both alike; timing one loop's block after the other's does not ensure that on a shared
     machine. ``steps`` pairs after three warm-up pairs."""
     from bcg.envs.vector_env import G1TrackingVectorEnv
-    from bcg.robots import g1
-    from bcg.sim import step
 
     dev = _device(model)
     env = G1TrackingVectorEnv(n, motion, differentiable=grad, device=device)
     env.reset(seed=0)
-    g = torch.Generator(device=dev).manual_seed(0)
-    base = torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32, device=dev)
-    state = {"q": torch.tensor(g1.default_qpos(), dtype=torch.float32)[None].repeat(n, 1).to(dev),
-             "qd": torch.zeros(n, model.nv, device=dev)}
-
-    def env_step() -> None:
-        a = (torch.randn(n, 29, generator=g, device=dev) * 0.1).requires_grad_(grad)
-        _, rew, *_ = env.step(a)
-        if grad:
-            rew.sum().backward()
-            env.detach()
-
-    def sim_step() -> None:
-        targets = (base + 0.05 * torch.randn(n, model.nu, generator=g, device=dev)).requires_grad_(grad)
-        with torch.set_grad_enabled(grad):
-            q, qd, c = step(model, state["q"], state["qd"], targets)
-            if grad:
-                (q[:, 2].sum() + qd.sum() + c.impulse.sum()).backward()
-        state["q"], state["qd"] = q.detach(), qd.detach()
+    g = torch.Generator(device=dev).manual_seed(0)  # one stream for both loops, as before
+    env_step = _env_stepper(env, n, grad, g, torch.device(device))
+    sim_step = _sim_stepper(model, n, grad, g)
 
     times: dict = {env_step: [], sim_step: []}
     for k in range(steps + 3):
