@@ -14,7 +14,8 @@ def test_bench_prints_every_ratio(capsys: pytest.CaptureFixture[str]) -> None:
     row = out["results"][0]
     assert row["n"] == 4 and row["fwd_s"] > 0 and row["fwd_bwd_s"] > 0 and row["first_fwd_bwd_s"] > 0
     r = out["ratios"]
-    for key in ("threads_fwd", "threads_fwd_bwd", "one_thread_fwd_over_mujoco", "one_thread_fwd_bwd_over_mujoco",
+    for key in ("threads_fwd", "threads_fwd_bwd", "processes_fwd", "processes_fwd_bwd", "one_thread_fwd_over_mujoco",
+                "one_thread_fwd_bwd_over_mujoco",
                 "kept_stored_mib", "kept_checkpoint_mib", "checkpoint_time_ratio", "checkpoint_first_over_warm",
                 "env_over_sim", "env_over_sim_grad"):
         assert r[key] > 0, key

@@ -15,6 +15,7 @@ import warp as wp
 
 from bcg.robots import g1
 from bcg.sim import kernels as K
+from bcg.sim.bridge import unpack_tree
 from bcg.sim.engine import StepArrays, run_control_step, substep_launches
 
 KERNELS = ["fk_rnea", "composite", "mass_tau", "factor_free", "contact_setup", "pgs", "apply_contact",
@@ -159,20 +160,32 @@ window, so they appear when a perturbation moves a row into it (what they feed, 
 continuous there and stays in)."""
 GUARD_SUBSTEP = 3
 """The fixture's substep of the FD check: 53 of the 58 rows in the guard's window (9 of them partly, 0 < gate < 1),
-24 binding (impulse > 0). A binding row starts at a kink (lambda = max(., 0)); at substeps 1 and 2 one of the four
-random directions crosses a row's kink within the FD steps (errors 3.5e-3 - 1.1e-2 that do not shrink with the
-step), here none does. The float64 comparison below checks the adjoint exactly at substeps 1-3."""
+24 binding (impulse > 0)."""
+GUARD_SEEDS = 8
+GUARD_MEDIAN = 2e-3
+GUARD_WORST = 5e-2
+"""A binding row starts at a kink (lambda = max(., 0)), and in some random directions a row crosses its kink within
+the FD steps: errors of 1e-3 - 1.4e-2 that do not shrink with the step. Over seeds 0-7 at substeps 1, 2, 3: median
+4e-4, 6e-4, 5e-4, worst 1.5e-3, 1.4e-2, 1.6e-3 (with the dense L before the depth-indexed rows: median 7e-4, 5e-4,
+6e-4, worst 4.2e-3, 5.6e-3, 4.4e-3; the directions differ with the layout). So the check is on the median over the
+directions (a wrong adjoint is off by O(1) in nearly every direction) and a bound on the worst; the float64
+comparison below checks the adjoint exactly at substeps 1-3."""
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2, 3])
-def test_limit_guard_adjoint_matches_finite_differences(g1_model, limit_substep, seed):
+def test_limit_guard_adjoint_matches_finite_differences(g1_model, limit_substep):
     """The guard kernel with rows active (the contact fixture above has none: its joints are far from the limits)."""
     gate = limit_substep.sub[GUARD_SUBSTEP]["gate"].numpy()
     binding = (limit_substep.sub[GUARD_SUBSTEP]["lam_l"].numpy()[:, -1] > 0) & (gate > 0)
     assert ((gate > 0) & (gate < 1)).sum() >= 4 and binding.sum() >= 12, (gate, binding)
-    error = _check_kernel(g1_model, limit_substep, "limit_guard_integrate", seed, substep=GUARD_SUBSTEP,
-                          eps_list=GUARD_EPS, unweighted=GUARD_SCRATCH)
-    print(f"guard kernel, seed {seed}: relative FD error {error:.2e}")
+    tolerance = KERNEL_TOLERANCE["limit_guard_integrate"]
+    KERNEL_TOLERANCE["limit_guard_integrate"] = GUARD_WORST  # _check_kernel's own bound, per direction
+    try:
+        errors = [_check_kernel(g1_model, limit_substep, "limit_guard_integrate", seed, substep=GUARD_SUBSTEP,
+                                eps_list=GUARD_EPS, unweighted=GUARD_SCRATCH) for seed in range(GUARD_SEEDS)]
+    finally:
+        KERNEL_TOLERANCE["limit_guard_integrate"] = tolerance
+    print("guard kernel, relative FD errors by seed:", " ".join(f"{e:.1e}" for e in errors))
+    assert float(np.median(errors)) < GUARD_MEDIAN, errors
 
 
 @pytest.mark.parametrize("substep", [1, 2, 3])
@@ -196,7 +209,7 @@ def test_limit_guard_equals_float64_reference(g1_model, limit_substep, substep):
     tape.backward(grads={qd_out: wp.array(weights.astype(np.float32), dtype=float, shape=qd_out.shape)})
     q_t = torch.tensor(q_np, requires_grad=True)
     v_t = torch.tensor(v_np, requires_grad=True)
-    L_t = torch.tensor(L_np)
+    L_t = unpack_tree(g1_model, torch.tensor(L_np), symmetric=False)  # L is depth-indexed
     chol = torch.linalg.cholesky(L_t.transpose(1, 2) @ L_t)
     ref = reference.limit_guard(g1_model, q_t, v_t, chol)
     scale = float(ref.detach().abs().max())
@@ -251,9 +264,9 @@ def test_off_diagonal_mass_matrix_gradient_through_ancestor_table(g1_model):
     with tape:
         for launch in substep_launches(g1_model, arrs, 0)[:3]:
             wp.launch(launch.kernel, dim=1, inputs=launch.inputs, outputs=launch.outputs)
-    H = arrs.sub[0]["H"]
+    H = arrs.sub[0]["H"]  # depth-indexed: (a, b) at [:, a, depth(b)]
     seed = np.zeros(H.shape, np.float32)
-    seed[0, a, b] = 1.0
+    seed[0, a, g1_model.dof_ancestor_count[b]] = 1.0
     tape.backward(grads={H: wp.array(seed, dtype=float)})
     g_wp = arrs.q[0].grad.numpy()[0, 7:]
     g_ref = qr.grad[0, 7:].numpy()

@@ -6,14 +6,19 @@ Per N (``--sizes``), a rollout is 32 control steps x 4 substeps from the standin
   state to the targets of every step; ``first`` is the first gradient rollout at that N in this process (fresh
   array pool), the others are the best of ``--repeats``;
 * ``mujoco``: C MuJoCo ``mj_step`` on the same MJCF with a floor, same h, N x 32 x 4 steps, one environment after
-  the other (single thread); ``fwd/mj`` and ``(fwd+bwd)/mj`` are our times over MuJoCo's;
+  the other (single thread), best of ``--repeats`` timed in alternation with ours (the per-core speed of a shared
+  virtual machine drifts by tens of percent within seconds, so a ratio of two timings taken apart is unreliable);
+  ``fwd/mj`` and ``(fwd+bwd)/mj`` are our times over MuJoCo's;
 * ``kept``: bytes held for the backward at the end of the forward (the Warp arrays' values; with ``checkpoint``
   only the step inputs; the pooled gradient sets a backward runs on, one per thread block, are printed in the
   ratios block), and the process' peak resident memory.
 
 Then the ratios block at ``--ratio-n`` (default 64), every pair timed alternately in the same run:
 
-* threads: 2 / 1 thread (``bcg.sim.execution``) forward and forward + backward (goal >= 1.8);
+* threads: 2 / 1 thread (``bcg.sim.execution``) forward and forward + backward (goal >= 1.8), and beside it what
+  the machine itself allows: two separate processes, each running half the batch on one thread at the same time
+  (no shared interpreter, no shared memory), over the one thread;
+* one thread / MuJoCo: the same one-thread rollouts over the MuJoCo loop, the three timed in alternation;
 * checkpointing: kept bytes and time of a checkpointed gradient rollout against the stored-forward one;
 * env / bare sim: env steps per second of :class:`bcg.envs.G1TrackingVectorEnv` over those of the bare
   :func:`bcg.sim.step` loop, without gradients and with a backward every step (goal >= 0.8); then the same with
@@ -228,6 +233,65 @@ def _alternate(fns: dict[str, Callable[[], object]], rounds: int) -> dict:
     return best
 
 
+def _process_worker(conn, n: int, steps: int) -> None:
+    """A process of :class:`_ProcessPair`: loads the model, then times one-thread rollouts of ``n`` environments
+    on request ("fwd" / "grad"), until "stop"."""
+    torch.set_num_threads(1)
+    from bcg.sim import load_model
+
+    model = load_model()
+    for grad in (False, True):
+        rollout_time(model, n, steps, grad=grad, threads=1)  # the kernels, the pool, the packed launches
+    conn.send("ready")
+    while (cmd := conn.recv()) != "stop":
+        conn.send(rollout_time(model, n, steps, grad=cmd == "grad", threads=1)[0])
+
+
+class _ProcessPair:
+    """Two processes that run the halves of an N-environment rollout at the same time, one thread each: what two
+    cores give when nothing is shared but the hardware (the ceiling for the 2-thread split in one process)."""
+
+    def __init__(self, n: int, steps: int):
+        self.sizes = (n - n // 2, n // 2)
+        self.steps = steps
+        self.conns: list = []
+        self.procs: list = []
+
+    def __enter__(self) -> _ProcessPair:
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")  # a fresh interpreter: no inherited Warp or torch state
+        for size in self.sizes:
+            here, there = ctx.Pipe()
+            proc = ctx.Process(target=_process_worker, args=(there, size, self.steps), daemon=True)
+            proc.start()
+            self.conns.append(here)
+            self.procs.append(proc)
+        for conn in self.conns:
+            if conn.recv() != "ready":
+                raise RuntimeError("a benchmark worker process failed to start")
+        return self
+
+    def rollout(self, grad: bool) -> float:
+        """Wall seconds from starting both halves until both have finished."""
+        t0 = time.perf_counter()
+        for conn in self.conns:
+            conn.send("grad" if grad else "fwd")
+        for conn in self.conns:
+            conn.recv()
+        return time.perf_counter() - t0
+
+    def __exit__(self, *exc: object) -> None:
+        for conn, proc in zip(self.conns, self.procs):
+            try:
+                conn.send("stop")
+            except OSError:
+                pass
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.terminate()
+
+
 def _max_n(model, steps: int, checkpoint: bool, start: int, limit: int) -> int:
     """Largest N (doubling from ``start``) whose gradient rollout of ``steps`` steps runs; 0 if none does."""
     from bcg.sim.engine import clear_pool
@@ -289,12 +353,14 @@ def main(argv: list[str] | None = None) -> dict:
         first, both, kept = nan, nan, 0
         if not args.no_backward:
             first, kept = rollout_time(model, n, args.steps, grad=True)
-        fwd = min(rollout_time(model, n, args.steps, grad=False)[0] for _ in range(args.repeats))
+        fns: dict[str, Callable[[], object]] = {"fwd": lambda n=n: rollout_time(model, n, args.steps, grad=False)[0]}
         if not args.no_backward:
-            both = min(rollout_time(model, n, args.steps, grad=True)[0] for _ in range(args.repeats))
+            fns["both"] = lambda n=n: rollout_time(model, n, args.steps, grad=True)[0]
+        if not cuda:  # MuJoCo only beside CPU runs: on a GPU machine it would spend the lent time on a CPU loop
+            fns["mj"] = lambda n=n: _mujoco_time(n, args.steps, p.substeps, p.dt)
+        t = _alternate(fns, args.repeats)
+        fwd, both, mj = t["fwd"], t.get("both", nan), t.get("mj", nan)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-        # MuJoCo on the CPU only beside CPU runs: on a GPU machine it would spend the lent time on a CPU loop
-        mj = _mujoco_time(n, args.steps, p.substeps, p.dt) if not cuda else nan
         row = dict(n=n, fwd_s=fwd, fwd_bwd_s=both, first_fwd_bwd_s=first, first_over_warm=first / both,
                    kept_mib=kept / 2**20, peak_rss_gib=rss, mujoco_s=mj, fwd_over_mujoco=fwd / mj,
                    fwd_bwd_over_mujoco=both / mj, fwd_substeps_per_s=n * sub / fwd,
@@ -310,17 +376,23 @@ def main(argv: list[str] | None = None) -> dict:
         r = {}
         print(f"\n# ratios at N = {n} (pairs timed alternately, best of {args.repeats} rounds; goals of issue 12 in "
               "brackets)", flush=True)
-        mj = _mujoco_time(n, args.steps, p.substeps, p.dt)  # the one-core goals: our one thread against MuJoCo
-        for grad in (False, True) if not args.no_backward else (False,):
-            t = _alternate({"1": lambda g=grad: _cpu_and_wall(model, n, args.steps, g, threads=1),
-                            "2": lambda g=grad: _cpu_and_wall(model, n, args.steps, g, threads=2)}, args.repeats)
-            key = "threads_fwd_bwd" if grad else "threads_fwd"
-            r[key] = t["1"][1] / t["2"][1]
-            r[key + "_cpu_per_wall"] = t["2"][0] / t["2"][1]
-            r[key.replace("threads", "one_thread") + "_over_mujoco"] = t["1"][1] / mj
-            print(f"{'forward + backward' if grad else 'forward           '}, 2 threads / 1 thread (throughput) "
-                  f"{r[key]:6.2f}   [>= 1.8]  (2 threads kept {r[key + '_cpu_per_wall']:.2f} cores busy); "
-                  f"1 thread / MuJoCo {t['1'][1] / mj:.2f}   [{'<= 2.5' if grad else '<= 0.7'}]", flush=True)
+        mj = float("inf")  # the one-core goals: our one thread against MuJoCo, best over every round of both loops
+        with _ProcessPair(n, args.steps) as pair:
+            for grad in (False, True) if not args.no_backward else (False,):
+                t = _alternate({"1": lambda g=grad: _cpu_and_wall(model, n, args.steps, g, threads=1),
+                                "2": lambda g=grad: _cpu_and_wall(model, n, args.steps, g, threads=2),
+                                "procs": lambda g=grad: pair.rollout(g),
+                                "mj": lambda: _mujoco_time(n, args.steps, p.substeps, p.dt)}, args.repeats)
+                mj = min(mj, t["mj"])
+                key = "threads_fwd_bwd" if grad else "threads_fwd"
+                r[key] = t["1"][1] / t["2"][1]
+                r[key + "_cpu_per_wall"] = t["2"][0] / t["2"][1]
+                r[key.replace("threads", "processes")] = t["1"][1] / t["procs"]
+                r[key.replace("threads", "one_thread") + "_over_mujoco"] = t["1"][1] / mj
+                print(f"{'forward + backward' if grad else 'forward           '}, 2 threads / 1 thread (throughput) "
+                      f"{r[key]:6.2f}   [>= 1.8]  (2 threads kept {r[key + '_cpu_per_wall']:.2f} cores busy; two "
+                      f"processes of N/2 each: {r[key.replace('threads', 'processes')]:.2f}); 1 thread / MuJoCo "
+                      f"{t['1'][1] / mj:.2f}   [{'<= 2.5' if grad else '<= 0.7'}]", flush=True)
         if not args.no_backward:
             from bcg.sim.engine import clear_pool
 
@@ -384,6 +456,10 @@ def markdown(out: dict) -> str:
         parts = [f"2 / 1 threads {r['threads_fwd']:.2f} (forward)"]
         if "threads_fwd_bwd" in r:
             parts[0] += f", {r['threads_fwd_bwd']:.2f} (forward + backward)"
+        if "processes_fwd" in r:
+            parts[0] += f" against {r['processes_fwd']:.2f}" + (
+                f" / {r['processes_fwd_bwd']:.2f}" if "processes_fwd_bwd" in r else "") + (
+                " for two separate one-thread processes of N/2 each")
         if "one_thread_fwd_over_mujoco" in r:
             parts.append(f"one thread / MuJoCo {r['one_thread_fwd_over_mujoco']:.2f} (forward)"
                          + (f", {r['one_thread_fwd_bwd_over_mujoco']:.2f} (forward + backward)"

@@ -528,7 +528,19 @@ def _dynamics_terms(model: SimModel, q: torch.Tensor, qd: torch.Tensor) -> tuple
     with _warp_stream(model):
         _load_inputs(arrs, q, qd, targets)
         H, neg_bias = run_dynamics_terms(model, arrs)
-        return wp.to_torch(H).clone(), -wp.to_torch(neg_bias).clone()
+        return unpack_tree(model, wp.to_torch(H)), -wp.to_torch(neg_bias).clone()
+
+
+def unpack_tree(model: SimModel, rows_by_depth: torch.Tensor, symmetric: bool = True) -> torch.Tensor:
+    """The dense [N, nv, nv] matrix of a depth-indexed [N, nv, D] one (:meth:`SimModel.tree_pairs`): symmetric
+    (H), or lower-triangular in the tree order (its factor L, H = L^T L)."""
+    rows, cols, depth = (torch.as_tensor(x, device=rows_by_depth.device) for x in model.tree_pairs())
+    values = rows_by_depth[:, rows, depth]
+    dense = rows_by_depth.new_zeros(rows_by_depth.shape[0], model.nv, model.nv)
+    dense[:, rows, cols] = values
+    if symmetric:
+        dense[:, cols, rows] = values
+    return dense
 
 
 def mass_matrix(model: SimModel, q: torch.Tensor) -> torch.Tensor:

@@ -148,12 +148,14 @@ POOL_LIMIT_BYTES = 2 * 2**30
 _ALIGN = 64
 """Byte alignment of every array inside a set's buffer (a cache line)."""
 
-RESET_FIELDS = ("H", "J_foot", "Y", "lam", "z_l", "guard_on")
-"""Scratch the kernels write only partly or accumulate into (H: the tree's nonzeros; J_foot, Y: the foot chains;
-lam: sweeps 1..K; z_l, guard_on: the joint-limit guard's sums and flag):
-zeroed before every use of a set, so the entries never written stay 0 as the kernels expect."""
-CREATE_ZEROED = ("L", "L_tmp")
-"""Also zeroed when a set is created (as they always were); the kernels read only the entries they write."""
+RESET_FIELDS = ("J_foot", "Y", "lam", "z_l", "guard_on")
+"""Scratch the kernels write only partly or accumulate into (J_foot, Y: the foot chains; lam: sweeps 1..K; z_l,
+guard_on: the joint-limit guard's sums and flag): zeroed before every use of a set, so the entries never written
+stay 0 as the kernels expect."""
+CREATE_ZEROED = ("H", "L", "L_tmp")
+"""Also zeroed when a set is created: the slots of the depth-indexed rows past each row's diagonal are never written
+or read by the kernels, and zeroing them once keeps them finite for everything else that reads whole arrays (the
+finite-difference tests perturb every entry in proportion to the array's largest)."""
 
 
 def model_arrays(model: SimModel) -> ModelArrays:
@@ -226,12 +228,13 @@ def _scratch_shapes(model: SimModel, n: int) -> dict[str, tuple[tuple[int, ...],
     nb, nv, nc, nf = model.nb, model.nv, model.nc, model.nf
     nr, nf6, it = 3 * nc, 6 * nf, p.iterations
     nl, itl = max(int(model.dof_limited.sum()), 1), p.limit_guard_iterations
-    chain = int(model.dof_ancestor_count.max()) + 1
+    chain = int(model.dof_ancestor_count.max()) + 1  # also the row length of the depth-indexed H, L and L_tmp
     f, sv, v3, m33 = float, wp.spatial_vector, wp.vec3, wp.mat33
     return dict(
         X_w=((n, nb), wp.transform), S=((n, nv), sv), v_b=((n, nb), sv), a_b=((n, nb), sv), IO_w=((n, nb), m33),
         h_w=((n, nb), v3), f_b=((n, nb), sv), IC_O=((n, nb), m33), IC_h=((n, nb), v3), IC_m=((n, nb), f),
-        F_sub=((n, nb), sv), H=((n, nv, nv), f), tau=((n, nv), f), L=((n, nv, nv), f), L_tmp=((n, nv, nv), f),
+        F_sub=((n, nb), sv), H=((n, nv, chain), f), tau=((n, nv), f), L=((n, nv, chain), f),
+        L_tmp=((n, nv, chain), f),
         y=((n, nv), f), y_tmp=((n, nv), f), x=((n, nv), f), x_tmp=((n, nv), f), v_free=((n, nv), f),
         J_foot=((n, nf6, nv), f), foot_twist=((n, max(nf, 1)), sv), Y=((n, nf6, nv), f), Y_tmp=((n, nf6, nv), f),
         Lam=((n, nf6, nf6), f), G=((n, nr), sv), P=((n, nr, nf6), f), A=((n, nr, nr), f), w=((n, nr), f),
@@ -600,7 +603,8 @@ def run_control_step(model: SimModel, arrs: StepArrays) -> None:
 
 
 def run_dynamics_terms(model: SimModel, arrs: StepArrays) -> tuple[wp.array, wp.array]:
-    """Mass matrix (armature included) and bias forces at (q[0], qd[0]) of ``arrs``: returns (H, -bias)."""
+    """Mass matrix (armature included, depth-indexed [N, nv, D]: :meth:`SimModel.tree_pairs`) and bias forces at
+    (q[0], qd[0]) of ``arrs``: returns (H, -bias)."""
     for launch in substep_launches(model, arrs, 0, terms_only=True):
         wp.launch(launch.kernel, dim=arrs.n, inputs=launch.inputs, outputs=launch.outputs, device=model.device)
     return arrs.sub[0]["H"], arrs.sub[0]["tau"]

@@ -250,10 +250,12 @@ def mass_tau(
     H: wp.array3d(dtype=float),
     tau: wp.array2d(dtype=float),
 ):
-    """Mass matrix H [N, nv, nv] (armature, implicit damping, PD and joint limits on the diagonal) and the force
-    tau [N, nv].
+    """Mass matrix H [N, nv, D] depth-indexed (armature, implicit damping, PD and joint limits on the diagonal) and
+    the force tau [N, nv].
 
-    H must arrive zeroed: only the entries of ancestor pairs are written. Armature, damping and gains are [P, nv]
+    Depth-indexed rows (H, L and L_tmp, D = the deepest dof's ancestor count + 1): H is nonzero only at (a, a) and
+    (a, b) for b an ancestor of a, and row a keeps (a, b) at column depth(b) = dof_ancestor_count[b], so the
+    diagonal is at count[a] and slots past it are never written or read. Armature, damping and gains are [P, nv]
     / [P, nu] with P = 1 (shared) or N (per environment). Every term is linearly implicit in the new velocity
     qd+: a force f(qd+) ~ f(qd) + f'(qd) (qd+ - qd) puts f(qd) into tau and -dt f'(qd) on the diagonal of H.
     """
@@ -297,12 +299,10 @@ def mass_tau(
             u = u - g_hi * c * (qd[e, a] - v_hi) - g_lo * c * (qd[e, a] - v_lo)
             h_aa = h_aa * (1.0 + g_hi + g_lo)
         tau[e, a] = u
-        H[e, a, a] = h_aa
-        for k in range(dof_ancestor_count[a]):
-            b = dof_ancestors[a, k]
-            h_ab = wp.dot(S[e, b], F)
-            H[e, a, b] = h_ab
-            H[e, b, a] = h_ab
+        ca = dof_ancestor_count[a]
+        H[e, a, ca] = h_aa
+        for k in range(ca):  # the k-th nearest ancestor is at depth ca - 1 - k
+            H[e, a, ca - 1 - k] = wp.dot(S[e, dof_ancestors[a, k]], F)
 
 
 @wp.func
@@ -336,7 +336,8 @@ def factor_free(
     v_free: wp.array2d(dtype=float),
 ):
     """Tree-sparse factorisation H = L^T L (Featherstone's LTL: L[k, i] != 0 only for i = k or i an ancestor of k,
-    so there is no fill-in), x = H^-1 tau, free velocity v* = qd + dt x.
+    so there is no fill-in, and L is depth-indexed like H: L(k, i) at L[e, k, depth(i)], see ``mass_tau``),
+    x = H^-1 tau, free velocity v* = qd + dt x.
 
     Processed from the last dof to the first; the descendants of dof k are the contiguous range
     (k, dof_subtree_end[k]), so every entry is computed once from entries already final:
@@ -347,34 +348,35 @@ def factor_free(
     for kk in range(nv):
         k = nv - 1 - kk
         end = dof_subtree_end[k]
-        s = H[e, k, k]
+        dk = dof_ancestor_count[k]  # depth of k: the column of L(m, k) in every row m below k
+        s = H[e, k, dk]
         for m in range(k + 1, end):
-            s = s - L[e, m, k] * L[e, m, k]
-        L_tmp[e, k, k] = s  # store-and-reload before sqrt (loop-carried value)
-        l_kk = wp.sqrt(L_tmp[e, k, k])
-        L[e, k, k] = l_kk
-        for c in range(dof_ancestor_count[k]):
-            i = dof_ancestors[k, c]
-            t = H[e, k, i]
+            s = s - L[e, m, dk] * L[e, m, dk]
+        L_tmp[e, k, dk] = s  # store-and-reload before sqrt (loop-carried value)
+        l_kk = wp.sqrt(L_tmp[e, k, dk])
+        L[e, k, dk] = l_kk
+        for di in range(dk):  # every ancestor i of k, by its depth
+            t = H[e, k, di]
             for m in range(k + 1, end):
-                t = t - L[e, m, k] * L[e, m, i]
-            L_tmp[e, k, i] = t
-            L[e, k, i] = L_tmp[e, k, i] / l_kk
+                t = t - L[e, m, dk] * L[e, m, di]
+            L_tmp[e, k, di] = t
+            L[e, k, di] = L_tmp[e, k, di] / l_kk
     # L^T y = tau (from the last dof up), then L x = y (from the root down)
     for kk in range(nv):
         k = nv - 1 - kk
+        dk = dof_ancestor_count[k]
         t = tau[e, k]
         for m in range(k + 1, dof_subtree_end[k]):
-            t = t - L[e, m, k] * y[e, m]
+            t = t - L[e, m, dk] * y[e, m]
         y_tmp[e, k] = t
-        y[e, k] = y_tmp[e, k] / L[e, k, k]
+        y[e, k] = y_tmp[e, k] / L[e, k, dk]
     for i in range(nv):
         t = y[e, i]
-        for c in range(dof_ancestor_count[i]):
-            j = dof_ancestors[i, c]
-            t = t - L[e, i, j] * x[e, j]
+        di = dof_ancestor_count[i]
+        for c in range(di):
+            t = t - L[e, i, di - 1 - c] * x[e, dof_ancestors[i, c]]
         x_tmp[e, i] = t
-        x[e, i] = x_tmp[e, i] / L[e, i, i]
+        x[e, i] = x_tmp[e, i] / L[e, i, di]
     for a in range(nv):
         v_free[e, a] = qd[e, a] + dt * x[e, a]
 
@@ -472,15 +474,15 @@ def contact_setup(
     # Y = L^-T J_foot^T: solving L^T Y_r = J_r^T only touches the foot's own chain (Y is zero elsewhere)
     for r in range(6 * nf):
         a0 = body_last_dof[foot_body[r // 6]]
-        n_chain = dof_ancestor_count[a0] + 1
-        for c in range(n_chain):
+        d0 = dof_ancestor_count[a0]  # chain entry c (chain_dof) is at depth d0 - c
+        for c in range(d0 + 1):
             k = chain_dof(a0, c, dof_ancestors)
             t2 = J_foot[e, r, k]
             for c2 in range(c):
                 m = chain_dof(a0, c2, dof_ancestors)
-                t2 = t2 - L[e, m, k] * Y[e, r, m]
+                t2 = t2 - L[e, m, d0 - c] * Y[e, r, m]
             Y_tmp[e, r, k] = t2
-            Y[e, r, k] = Y_tmp[e, r, k] / L[e, k, k]
+            Y[e, r, k] = Y_tmp[e, r, k] / L[e, k, d0 - c]
     # Lam = Y Y^T (inverse operational-space inertia of the contact bodies), summed over the first row's chain
     for r1 in range(6 * nf):
         a1 = body_last_dof[foot_body[r1 // 6]]
@@ -615,7 +617,8 @@ def apply_contact(
     dv: wp.array2d(dtype=float),
     v_contact: wp.array2d(dtype=float),
 ):
-    """v+ = v* + H^-1 J^T lambda = v* + L^-1 (Y^T F) with F the spatial impulse on each contact body."""
+    """v+ = v* + H^-1 J^T lambda = v* + L^-1 (Y^T F) with F the spatial impulse on each contact body (L
+    depth-indexed, see ``mass_tau``)."""
     e = wp.tid()
     nf = foot_impulse.shape[1]
     nc = sphere_foot.shape[0]
@@ -634,11 +637,11 @@ def apply_contact(
         z[e, i] = acc
     for i in range(nv):
         t = z[e, i]
-        for c in range(dof_ancestor_count[i]):
-            j = dof_ancestors[i, c]
-            t = t - L[e, i, j] * dv[e, j]
+        di = dof_ancestor_count[i]
+        for c in range(di):
+            t = t - L[e, i, di - 1 - c] * dv[e, dof_ancestors[i, c]]
         dv_tmp[e, i] = t
-        dv[e, i] = dv_tmp[e, i] / L[e, i, i]
+        dv[e, i] = dv_tmp[e, i] / L[e, i, di]
     for a in range(nv):
         v_contact[e, a] = v_free[e, a] + dv[e, a]
 
@@ -765,14 +768,14 @@ def limit_guard_integrate(
         for j in range(num_limited):
             if gate[e, j] > 0.0:
                 a = limit_dof[j]
-                for c in range(dof_ancestor_count[a] + 1):
-                    k = chain_dof(a, c, dof_ancestors)
+                da = dof_ancestor_count[a]  # chain entry c is at depth da - c
+                for c in range(da + 1):
                     t = float(0.0)
                     if c == 0:
                         t = 1.0
                     for c2 in range(c):
                         m = chain_dof(a, c2, dof_ancestors)
-                        t = t - L[e, m, k] * Yl[e, j, c2] / L[e, m, m]
+                        t = t - L[e, m, da - c] * Yl[e, j, c2] / L[e, m, da - c2]
                     Yl[e, j, c] = t
         # (H^-1)_ab = y_a . y_b over the dofs the two chains share
         for j in range(num_limited):
@@ -782,11 +785,13 @@ def limit_guard_integrate(
                     if gate[e, m] > 0.0:
                         b = limit_dof[m]
                         acc = float(0.0)
-                        for c in range(dof_ancestor_count[a] + 1):
+                        da = dof_ancestor_count[a]
+                        for c in range(da + 1):
                             k = chain_dof(a, c, dof_ancestors)
                             cb = chain_position(b, k, dof_ancestor_count, dof_ancestors)
                             if cb >= 0:
-                                acc = acc + Yl[e, j, c] * Yl[e, m, cb] / (L[e, k, k] * L[e, k, k])
+                                l_kk = L[e, k, da - c]
+                                acc = acc + Yl[e, j, c] * Yl[e, m, cb] / (l_kk * l_kk)
                         Dl[e, tri_index(j, m)] = acc
         for j in range(num_limited):
             if gate[e, j] > 0.0:
@@ -809,17 +814,19 @@ def limit_guard_integrate(
         for j in range(num_limited):
             if gate[e, j] > 0.0:
                 a = limit_dof[j]
-                for c in range(dof_ancestor_count[a] + 1):
+                da = dof_ancestor_count[a]
+                for c in range(da + 1):
                     k = chain_dof(a, c, dof_ancestors)
-                    z_l[e, k] += -lim_sign[e, j] * lam_l[e, iterations, j] * Yl[e, j, c] / L[e, k, k]
+                    z_l[e, k] += -lim_sign[e, j] * lam_l[e, iterations, j] * Yl[e, j, c] / L[e, k, da - c]
         for i in range(nv):
             t = z_l[e, i]
-            for c in range(dof_ancestor_count[i]):
-                b = dof_ancestors[i, c]
-                t = t - L[e, i, b] * dv_l[e, b] / L[e, b, b]
+            di = dof_ancestor_count[i]
+            for c in range(di):
+                b = dof_ancestors[i, c]  # at depth di - 1 - c
+                t = t - L[e, i, di - 1 - c] * dv_l[e, b] / L[e, b, di - 1 - c]
             dv_l[e, i] = t
         for a in range(nv):
-            qd_out[e, a] = v_contact[e, a] + dv_l[e, a] / L[e, a, a]
+            qd_out[e, a] = v_contact[e, a] + dv_l[e, a] / L[e, a, dof_ancestor_count[a]]
     else:
         for a in range(nv):
             qd_out[e, a] = v_contact[e, a]
