@@ -72,7 +72,17 @@ class ModelArrays:
     sphere_radius: wp.array
     sphere_foot: wp.array
     foot_body: wp.array
+    foot_shared: wp.array  # [nf, nf] int: dofs the two contact bodies' chains share (the root's 6 between feet)
     gravity: wp.vec3
+
+
+def _foot_shared(model: SimModel) -> np.ndarray:
+    """[nf, nf] int: the number of dofs on both contact bodies' chains (their common ancestors, the root first)."""
+    chains = []
+    for b in model.foot_body:
+        a = int(model.body_last_dof[b])
+        chains.append({a, *(int(x) for x in model.dof_ancestors[a, : model.dof_ancestor_count[a]])})
+    return np.array([[len(c1 & c2) for c2 in chains] for c1 in chains], np.int64).reshape(model.nf, model.nf)
 
 
 def _build_arrays(model: SimModel) -> ModelArrays:
@@ -122,6 +132,7 @@ def _build_arrays(model: SimModel) -> ModelArrays:
         sphere_radius=f32(model.sphere_radius),
         sphere_foot=i32(model.sphere_foot),
         foot_body=i32(model.foot_body),
+        foot_shared=i32(_foot_shared(model)),
         gravity=wp.vec3(*[float(g) for g in model.gravity]),
     )
 
@@ -542,7 +553,8 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool
                [s["L"], s["L_tmp"], s["y"], s["y_tmp"], s["x"], s["x_tmp"], s["v_free"]]),
         Launch(K.contact_setup,
                [q, s["X_w"], s["S"], m.sphere_body, m.sphere_pos, m.sphere_radius, m.sphere_foot, m.foot_body,
-                m.body_last_dof, m.dof_ancestors, m.dof_ancestor_count, s["L"], s["v_free"], p.kappa, p.beta, p.dt],
+                m.body_last_dof, m.foot_shared, m.dof_ancestors, m.dof_ancestor_count, s["L"], s["v_free"], p.kappa,
+                p.beta, p.dt],
                [s["J_foot"], s["foot_twist"], s["Y"], s["Y_tmp"], s["Lam"], s["G"], s["P"], s["A"], s["w"],
                 s["s_act"], s["depth"], s["A_foot"], s["s_norm"]]),
         Launch(K.pgs, [s["A"], s["w"], s["s_act"], s["s_norm"], s["depth"], ph["mu"], p.iterations, k],

@@ -382,6 +382,27 @@ def factor_free(
 
 
 @wp.func
+def row_support(k: int):
+    """Nonzero entries of the spatial force G = (p x n, n) of contact row k (0: n = e_z, 1: e_x, 2: e_y): the two
+    angular entries, lower index first, and the linear entry (which is 1)."""
+    a = (k + 2) % 3
+    i0 = wp.min((a + 1) % 3, (a + 2) % 3)
+    i1 = wp.max((a + 1) % 3, (a + 2) % 3)
+    return wp.vec3i(i0, i1, 3 + a)
+
+
+@wp.func
+def chain_position(a: int, k: int, dof_ancestor_count: wp.array(dtype=int), dof_ancestors: wp.array2d(dtype=int)):
+    """Index c of dof k in the chain that ends at dof a (``chain_dof(a, c) == k``), or -1 when k is not on it."""
+    c = dof_ancestor_count[a] - dof_ancestor_count[k]
+    found = int(-1)
+    if c >= 0:
+        if chain_dof(a, c, dof_ancestors) == k:
+            found = c
+    return found
+
+
+@wp.func
 def normal_weight(a_ii: float, a_foot: float, s: float):
     """Gauss-Seidel weight of a normal row whose regulariser is a_foot (1 - s) / s instead of a_ii (1 - s) / s:
     the row's update lambda <- w (lambda - r / a_ii) with w = a_ii s / (a_ii s + a_foot (1 - s))."""
@@ -402,6 +423,7 @@ def contact_setup(
     sphere_foot: wp.array(dtype=int),
     foot_body: wp.array(dtype=int),
     body_last_dof: wp.array(dtype=int),
+    foot_shared: wp.array2d(dtype=int),
     dof_ancestors: wp.array2d(dtype=int),
     dof_ancestor_count: wp.array(dtype=int),
     # from factor_free
@@ -483,35 +505,44 @@ def contact_setup(
                 t2 = t2 - L[e, m, d0 - c] * Y[e, r, m]
             Y_tmp[e, r, k] = t2
             Y[e, r, k] = Y_tmp[e, r, k] / L[e, k, d0 - c]
-    # Lam = Y Y^T (inverse operational-space inertia of the contact bodies), summed over the first row's chain
+    # Lam = Y Y^T (inverse operational-space inertia of the contact bodies), summed over the dofs both rows' chains
+    # share: the tail of the first row's chain (Y is zero off a row's chain, so this is the whole sum, in its order)
     for r1 in range(6 * nf):
         a1 = body_last_dof[foot_body[r1 // 6]]
         n1 = dof_ancestor_count[a1] + 1
         for r2 in range(r1 + 1):
             acc = float(0.0)
-            for c in range(n1):
+            for c in range(n1 - foot_shared[r1 // 6, r2 // 6], n1):
                 k = chain_dof(a1, c, dof_ancestors)
                 acc = acc + Y[e, r1, k] * Y[e, r2, k]
             Lam[e, r1, r2] = acc
             if r2 < r1:
                 Lam[e, r2, r1] = acc
+    # G_r = (p x n, n) with n = e_a has three nonzeros: two angular entries (i0 < i1, the axes other than a) and
+    # the linear entry 3 + a, which is 1 (``row_support``); P = G Lam and A = P G^T sum over those alone, in the
+    # same order as the dense sums (whose other terms are exact zeros). Each row's entries are read once, outside
+    # the loop over the other index.
     for r in range(3 * nc):
-        f = sphere_foot[r // 3]
         G_r = G[e, r]
+        sup = row_support(r % 3)
+        b = 6 * sphere_foot[r // 3]
+        g0 = G_r[sup[0]]
+        g1 = G_r[sup[1]]
         for j in range(6 * nf):
-            acc = float(0.0)
-            for m6 in range(6):
-                acc = acc + G_r[m6] * Lam[e, 6 * f + m6, j]
-            P[e, r, j] = acc
-    for r1 in range(3 * nc):
-        for r2 in range(r1 + 1):  # A is symmetric
-            f2 = sphere_foot[r2 // 3]
-            G2 = G[e, r2]
-            acc = float(0.0)
-            for m6 in range(6):
-                acc = acc + P[e, r1, 6 * f2 + m6] * G2[m6]
+            P[e, r, j] = g0 * Lam[e, b + sup[0], j] + g1 * Lam[e, b + sup[1], j] + Lam[e, b + sup[2], j]
+    for r2 in range(3 * nc):  # A is symmetric: column r2 from the diagonal down, mirrored
+        G2 = G[e, r2]
+        sup = row_support(r2 % 3)
+        b = 6 * sphere_foot[r2 // 3]
+        g0 = G2[sup[0]]
+        g1 = G2[sup[1]]
+        j0 = b + sup[0]
+        j1 = b + sup[1]
+        j2 = b + sup[2]
+        for r1 in range(r2, 3 * nc):
+            acc = P[e, r1, j0] * g0 + P[e, r1, j1] * g1 + P[e, r1, j2]
             A[e, r1, r2] = acc
-            if r2 < r1:
+            if r1 > r2:
                 A[e, r2, r1] = acc
     # the foot's mean normal Delassus entry (summed, stored and re-loaded before the division)
     for f in range(nf):
@@ -557,26 +588,33 @@ def pgs(
     for it in range(iterations):
         for c in range(nc):
             i = 3 * c
-            s = s_act[e, c]
-            acc = w[e, i]
-            for j in range(i):
-                acc = acc + A[e, i, j] * lam[e, it + 1, j]
-            for j in range(i, nr):
-                acc = acc + A[e, i, j] * lam[e, it, j]
-            residual[e, it, i] = acc
-            lam[e, it + 1, i] = wp.max(s_norm[e, c] * (lam[e, it, i] - residual[e, it, i] / A[e, i, i]), 0.0)
             i1 = i + 1
             i2 = i + 2
+            s = s_act[e, c]
+            # the three rows' sums over the other contacts' impulses in one pass (each impulse loaded once, three
+            # independent accumulators): this sweep's below the block, the last sweep's above it
+            acc = w[e, i]
             acc1 = w[e, i1]
             acc2 = w[e, i2]
-            for j in range(i1):
-                acc1 = acc1 + A[e, i1, j] * lam[e, it + 1, j]
-                acc2 = acc2 + A[e, i2, j] * lam[e, it + 1, j]
-            for j in range(i1, nr):
-                acc1 = acc1 + A[e, i1, j] * lam[e, it, j]
-                acc2 = acc2 + A[e, i2, j] * lam[e, it, j]
-            residual[e, it, i1] = acc1
-            residual[e, it, i2] = acc2
+            for j in range(i):
+                l_j = lam[e, it + 1, j]
+                acc = acc + A[e, i, j] * l_j
+                acc1 = acc1 + A[e, i1, j] * l_j
+                acc2 = acc2 + A[e, i2, j] * l_j
+            for j in range(i + 3, nr):
+                l_j = lam[e, it, j]
+                acc = acc + A[e, i, j] * l_j
+                acc1 = acc1 + A[e, i1, j] * l_j
+                acc2 = acc2 + A[e, i2, j] * l_j
+            # the block's own terms: the normal row sees its tangents' last impulses, the tangent rows the new normal
+            residual[e, it, i] = acc + A[e, i, i] * lam[e, it, i] + A[e, i, i1] * lam[e, it, i1] + A[
+                e, i, i2] * lam[e, it, i2]
+            lam[e, it + 1, i] = wp.max(s_norm[e, c] * (lam[e, it, i] - residual[e, it, i] / A[e, i, i]), 0.0)
+            l_n = lam[e, it + 1, i]
+            residual[e, it, i1] = acc1 + A[e, i1, i] * l_n + A[e, i1, i1] * lam[e, it, i1] + A[e, i1, i2] * lam[
+                e, it, i2]
+            residual[e, it, i2] = acc2 + A[e, i2, i] * l_n + A[e, i2, i1] * lam[e, it, i1] + A[e, i2, i2] * lam[
+                e, it, i2]
             r1 = residual[e, it, i1]
             r2 = residual[e, it, i2]
             a11 = A[e, i1, i1]
@@ -644,17 +682,6 @@ def apply_contact(
         dv[e, i] = dv_tmp[e, i] / L[e, i, di]
     for a in range(nv):
         v_contact[e, a] = v_free[e, a] + dv[e, a]
-
-
-@wp.func
-def chain_position(a: int, k: int, dof_ancestor_count: wp.array(dtype=int), dof_ancestors: wp.array2d(dtype=int)):
-    """Index c of dof k in the chain that ends at dof a (``chain_dof(a, c) == k``), or -1 when k is not on it."""
-    c = dof_ancestor_count[a] - dof_ancestor_count[k]
-    found = int(-1)
-    if c >= 0:
-        if chain_dof(a, c, dof_ancestors) == k:
-            found = c
-    return found
 
 
 @wp.func
