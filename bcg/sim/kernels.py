@@ -355,7 +355,23 @@ def factor_free(
         L_tmp[e, k, dk] = s  # store-and-reload before sqrt (loop-carried value)
         l_kk = wp.sqrt(L_tmp[e, k, dk])
         L[e, k, dk] = l_kk
-        for di in range(dk):  # every ancestor i of k, by its depth
+        # every ancestor i of k, by its depth, two at a time: L(m, k) is loaded once for both, and the two sums
+        # are independent (each still summed over m in order)
+        for pair in range(dk // 2):
+            d0 = 2 * pair
+            d1 = d0 + 1
+            t0 = H[e, k, d0]
+            t1 = H[e, k, d1]
+            for m in range(k + 1, end):
+                l_mk = L[e, m, dk]
+                t0 = t0 - l_mk * L[e, m, d0]
+                t1 = t1 - l_mk * L[e, m, d1]
+            L_tmp[e, k, d0] = t0
+            L_tmp[e, k, d1] = t1
+            L[e, k, d0] = L_tmp[e, k, d0] / l_kk
+            L[e, k, d1] = L_tmp[e, k, d1] / l_kk
+        if dk % 2 == 1:
+            di = dk - 1
             t = H[e, k, di]
             for m in range(k + 1, end):
                 t = t - L[e, m, dk] * L[e, m, di]
@@ -494,30 +510,46 @@ def contact_setup(
                 w_r = w_r - beta * wp.clamp(d, 0.0, PUSH_OUT_DEPTH) / dt
             w[e, r] = w_r
     # Y = L^-T J_foot^T: solving L^T Y_r = J_r^T only touches the foot's own chain (Y is zero elsewhere)
-    for r in range(6 * nf):
-        a0 = body_last_dof[foot_body[r // 6]]
+    # (the six rows of a foot together, as one spatial vector: each entry of L is loaded once for all six)
+    for f in range(nf):
+        a0 = body_last_dof[foot_body[f]]
         d0 = dof_ancestor_count[a0]  # chain entry c (chain_dof) is at depth d0 - c
+        r0 = 6 * f
         for c in range(d0 + 1):
             k = chain_dof(a0, c, dof_ancestors)
-            t2 = J_foot[e, r, k]
+            t6 = wp.spatial_vector(J_foot[e, r0, k], J_foot[e, r0 + 1, k], J_foot[e, r0 + 2, k],
+                                   J_foot[e, r0 + 3, k], J_foot[e, r0 + 4, k], J_foot[e, r0 + 5, k])
             for c2 in range(c):
                 m = chain_dof(a0, c2, dof_ancestors)
-                t2 = t2 - L[e, m, d0 - c] * Y[e, r, m]
-            Y_tmp[e, r, k] = t2
-            Y[e, r, k] = Y_tmp[e, r, k] / L[e, k, d0 - c]
-    # Lam = Y Y^T (inverse operational-space inertia of the contact bodies), summed over the dofs both rows' chains
-    # share: the tail of the first row's chain (Y is zero off a row's chain, so this is the whole sum, in its order)
-    for r1 in range(6 * nf):
-        a1 = body_last_dof[foot_body[r1 // 6]]
+                y6 = wp.spatial_vector(Y[e, r0, m], Y[e, r0 + 1, m], Y[e, r0 + 2, m], Y[e, r0 + 3, m],
+                                       Y[e, r0 + 4, m], Y[e, r0 + 5, m])
+                t6 = t6 - L[e, m, d0 - c] * y6
+            l_kk = L[e, k, d0 - c]
+            for m6 in range(6):
+                Y_tmp[e, r0 + m6, k] = t6[m6]
+                Y[e, r0 + m6, k] = Y_tmp[e, r0 + m6, k] / l_kk
+    # Lam = Y Y^T (inverse operational-space inertia of the contact bodies), a 6 x 6 block per pair of feet, summed
+    # over the dofs both chains share: the tail of the first foot's chain (Y is zero off a row's chain, so this is
+    # the whole sum, in its order)
+    for f1 in range(nf):
+        a1 = body_last_dof[foot_body[f1]]
         n1 = dof_ancestor_count[a1] + 1
-        for r2 in range(r1 + 1):
-            acc = float(0.0)
-            for c in range(n1 - foot_shared[r1 // 6, r2 // 6], n1):
+        q1 = 6 * f1
+        for f2 in range(f1 + 1):
+            q2 = 6 * f2
+            blk = wp.spatial_matrix()
+            for c in range(n1 - foot_shared[f1, f2], n1):
                 k = chain_dof(a1, c, dof_ancestors)
-                acc = acc + Y[e, r1, k] * Y[e, r2, k]
-            Lam[e, r1, r2] = acc
-            if r2 < r1:
-                Lam[e, r2, r1] = acc
+                y1 = wp.spatial_vector(Y[e, q1, k], Y[e, q1 + 1, k], Y[e, q1 + 2, k], Y[e, q1 + 3, k],
+                                       Y[e, q1 + 4, k], Y[e, q1 + 5, k])
+                y2 = wp.spatial_vector(Y[e, q2, k], Y[e, q2 + 1, k], Y[e, q2 + 2, k], Y[e, q2 + 3, k],
+                                       Y[e, q2 + 4, k], Y[e, q2 + 5, k])
+                blk = blk + wp.outer(y1, y2)
+            for i6 in range(6):
+                for j6 in range(6):
+                    Lam[e, q1 + i6, q2 + j6] = blk[i6, j6]
+                    if f2 < f1:
+                        Lam[e, q2 + j6, q1 + i6] = blk[i6, j6]
     # G_r = (p x n, n) with n = e_a has three nonzeros: two angular entries (i0 < i1, the axes other than a) and
     # the linear entry 3 + a, which is 1 (``row_support``); P = G Lam and A = P G^T sum over those alone, in the
     # same order as the dense sums (whose other terms are exact zeros). Each row's entries are read once, outside
