@@ -135,7 +135,7 @@ def test_metrics_and_instability_equal_the_torch_path(env: G1TrackingVectorEnv) 
     import bcg.sim
     from bcg.sim.bridge import MAX_ROOT_POSITION
 
-    want = env._unstable_torch(s, float(bcg.sim.MAX_SPEED), float(MAX_ROOT_POSITION))
+    want = env._unstable_torch(s.q, s.qd, float(bcg.sim.MAX_SPEED), float(MAX_ROOT_POSITION))
     assert torch.equal(env._unstable(s), want) and want[:3].all()
 
 
@@ -210,3 +210,39 @@ def test_only_the_plain_reward_on_float32_takes_the_warp_path(env: G1TrackingVec
     assert not WarpTrackingReward.accepts(Custom(), f, StepContext(a, a, None))
     assert not WarpTrackingReward.accepts(TrackingReward(), f, StepContext(a.double(), a, None))
     assert not WarpTrackingReward.accepts(TrackingReward(), f.cast(torch.float64), StepContext(a, a, None))
+
+
+def test_table_reset_launch_equals_the_torch_reset() -> None:
+    """The one-launch autoreset (bcg.envs.warp_reset) gives the torch reset's next state and observation bit for
+    bit: new keys, start frames, table rows, and the rows that go on copied unchanged."""
+    env = G1TrackingVectorEnv(11, "jump")
+    env.reset(seed=3)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(3):
+        env.step(0.3 * torch.randn(11, 29, generator=g))
+    s = env.state
+    obs = env.observe()
+    done = torch.rand(11, generator=g) < 0.5
+    done[0], done[1] = True, False
+    assert env._table_reset_applies(s, obs)
+    got, got_obs = env._table_reset()(s, done, obs)
+    idx = done.nonzero().flatten()
+    want = env._reset_rows(s, idx, env._next_keys(s.rng_key[idx]))
+    want_obs = obs.index_put((idx,), env._reset_table()[2][want.frame[idx]])
+    assert got.equal(want) and torch.equal(got_obs, want_obs)
+    assert torch.equal(got.frame[~done], s.frame[~done]) and not torch.equal(got.rng_key[done], s.rng_key[done])
+    assert s.equal(env.state)  # the state it read is untouched
+
+
+def test_reset_frames_are_uniform_over_the_clip() -> None:
+    """Start frames of new episodes: integers in [0, F - 2], every one drawn, none far more often than the others
+    (20 000 keys: about 100 draws per frame of the jump clip)."""
+    env = G1TrackingVectorEnv(2, "jump")
+    f = env.num_frames
+    keys = torch.arange(20_000, dtype=torch.long) * 7919
+    frames = env._reset_frames(torch.arange(20_000) % 5, keys)
+    counts = torch.bincount(frames, minlength=f)
+    assert int(frames.min()) == 0 and int(frames.max()) == f - 2 and int(counts[f - 1]) == 0
+    mean = 20_000 / (f - 1)
+    # a binomial count's standard deviation here is about sqrt(mean): 5 of them bound every frame's count
+    assert float((counts[: f - 1] - mean).abs().max()) < 5 * math.sqrt(mean), counts

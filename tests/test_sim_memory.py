@@ -189,3 +189,54 @@ def test_first_rollout_packs_one_set_per_shape(g1_model, monkeypatch) -> None:
         _rollout(g1_model, 41, 3, seed=3)  # blocks of 21 and 20 rows: 21 is a new shape, 20 is not
     assert len(calls) == 2 * 8 * g1_model.params.substeps
     assert np.all([c.adjoint for c in calls[8 * g1_model.params.substeps:]])
+
+
+@wp.kernel
+def _axpy(x: wp.array2d(dtype=wp.float32), a: float, y: wp.array2d(dtype=wp.float32)):
+    i, j = wp.tid()
+    y[i, j] = a * x[i, j] + y[i, j]
+
+
+@wp.kernel
+def _double_rows(v: wp.array(dtype=wp.vec3), out: wp.array(dtype=wp.vec3)):
+    i = wp.tid()
+    out[i] = 2.0 * v[i]
+
+
+def test_tensor_launch_points_at_the_given_tensors_and_checks_their_layout() -> None:
+    """TensorLaunch runs the kernel on the tensors of each call (no copies; strided views included), leaves
+    unnamed arguments as recorded, and refuses a tensor of another shape, dtype or element layout before the
+    kernel runs."""
+    from bcg.sim.replay import TensorLaunch
+
+    tx, ty = wp.zeros((4, 3), dtype=wp.float32, device="cpu"), wp.zeros((4, 3), dtype=wp.float32, device="cpu")
+    cmd = wp.launch(_axpy, dim=(4, 3), inputs=[tx, 2.0], outputs=[ty], device="cpu", record_cmd=True)
+    run = TensorLaunch(cmd, [("x", tx), ("y", ty)])
+    g = torch.Generator().manual_seed(0)
+    views = (torch.randn(4, 3, generator=g), torch.randn(3, 4, generator=g).t(), torch.randn(4, 6, generator=g)[:, ::2])
+    for x in views:  # contiguous, transposed, every other column
+        y = torch.ones(4, 3)
+        run(x, y)
+        assert torch.equal(y, 2.0 * x + 1.0)
+    assert not wp.to_torch(ty).any()  # the template arrays were never written
+    for bad in (torch.zeros(4, 4), torch.zeros(4, 3, dtype=torch.float64), torch.zeros(5, 3)):
+        with pytest.raises(ValueError, match="expected a CPU"):
+            run(bad, torch.zeros(4, 3))
+    with pytest.raises(ValueError, match="expected 2 tensors"):
+        run(torch.zeros(4, 3))
+    with pytest.raises(ValueError, match="not an array argument"):
+        TensorLaunch(cmd, [("a", tx)])
+
+    # rows=True: n rows of up to the recorded 8, vec3 rows read from columns 1:4 of a wider tensor
+    tv, to = wp.zeros(8, dtype=wp.vec3, device="cpu"), wp.zeros(8, dtype=wp.vec3, device="cpu")
+    cmd = wp.launch(_double_rows, dim=8, inputs=[tv], outputs=[to], device="cpu", record_cmd=True)
+    run = TensorLaunch(cmd, [("v", tv), ("out", to)], rows=True)
+    for n in (5, 8, 1):
+        q = torch.randn(n, 7, generator=g)
+        out = torch.full((n + 2, 3), 7.0)
+        run(q[:, 1:4], out[:n])
+        assert torch.equal(out[:n], 2.0 * q[:, 1:4]) and bool((out[n:] == 7.0).all())
+    with pytest.raises(ValueError, match="whose elements are contiguous"):
+        run(torch.zeros(5, 7)[:, 1:7:2], torch.zeros(5, 3))
+    with pytest.raises(ValueError, match="takes 1 to 8 rows"):
+        run(torch.zeros(9, 3), torch.zeros(9, 3))

@@ -51,6 +51,7 @@ from bcg.envs.warp_checks import UnstableCheck
 from bcg.envs.warp_features import WarpFeatureFn
 from bcg.envs.warp_hash import WarpHash
 from bcg.envs.warp_observation import WarpObservation
+from bcg.envs.warp_reset import WarpTableReset
 from bcg.envs.warp_reward import WarpTrackingReward
 from bcg.motion.features import FeatureFn, Features
 from bcg.motion.rotations import euler_to_quat_wxyz, quat_mul_wxyz
@@ -63,7 +64,8 @@ MAX_SEED: int = 2**63 - 1
 """Largest seed :meth:`G1TrackingVectorEnv.reset` accepts (seeds are integers in [0, MAX_SEED])."""
 
 # streams of the counter-based draws (bcg.envs.transition.hash_uniform)
-_STREAM_PUSH, _STREAM_NOISE = 1, 2
+_STREAM_PUSH, _STREAM_NOISE, _STREAM_RESET = 1, 2, 3
+_NEXT_KEY_ADD = 0x5BD1E995  # the constant of G1TrackingVectorEnv._next_keys
 
 
 def _sim_bounds() -> tuple[float, float]:
@@ -208,6 +210,11 @@ class G1TrackingVectorEnv(VectorEnv):
         self._needs_reset = True
         self._renderer = None
         self._reset_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        self._held_cache: torch.Tensor | None = None
+        self._warp_reset: WarpTableReset | None = None  # made with the reset table, on the first autoreset
+        self._checked: EnvState | None = None  # a state the instability check is known to pass (see _step)
+        self._checked_bounds: tuple[float, float, float] | None = None
+        self._stable_cache: dict[tuple, bool] = {}
 
     # ------------------------------------------------------------------------------------------------ setup
 
@@ -303,6 +310,7 @@ class G1TrackingVectorEnv(VectorEnv):
         self._warp = bool(on) and self.device.type == "cpu"
         self._features.enabled = self._warp
         self._reset_cache = None  # its first observations were made by the other path
+        self._warp_reset = None
 
     @property
     def feature_fn(self) -> FeatureFn:
@@ -394,16 +402,40 @@ class G1TrackingVectorEnv(VectorEnv):
                 self._reset_cache = (q, qd, self._observe(self._features(q, qd), frames))
         return self._reset_cache
 
+    def _held_actions(self) -> torch.Tensor:
+        """[F, nu] the action whose PD target is the reference pose at every frame with zero joint offsets: a new
+        episode's previous action (so a policy that tracks the reference pays no action-rate cost). Computed once,
+        one table for every path, so a reset row is the same bits whichever path reset it."""
+        if self._held_cache is None:
+            with torch.no_grad():
+                frames = torch.arange(self.num_frames, device=self.device)
+                zeros = torch.zeros(self.num_frames, self.model.nu, device=self.device)
+                self._held_cache = self._actions.to_action(self._ref.joint_pos, self._target_base(zeros, frames))
+        return self._held_cache
+
+    def _reset_frames(self, idx: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+        """Start frames [K] long, uniform in [0, F - 2], of rows ``idx`` [K] starting new episodes with ``keys`` [K]:
+        24 bits of the counter-based draw (key, row index) times F - 1, shifted down (exact integers, so the Warp
+        reset draws the same frames)."""
+        bits = (self._uniform(keys, idx, 1, _STREAM_RESET)[:, 0] * float(1 << 24)).long()
+        return (bits * (self.num_frames - 1)) >> 24
+
+    def _row_generator(self, idx: torch.Tensor, keys: torch.Tensor) -> torch.Generator:
+        """One generator for the K rows' other draws (reset noise, joint offsets, latency, physics), seeded from
+        their keys and indices, so the draws are a function of the state."""
+        mix = self._hash32(keys ^ (idx * 0x9E3779B1))
+        g = torch.Generator(device=self.device)
+        g.manual_seed(int((mix * (torch.arange(len(idx), device=self.device) + 1)).sum().item()) & MAX_SEED)
+        return g
+
     def _reset_rows(self, s: EnvState, idx: torch.Tensor, keys: torch.Tensor) -> EnvState:
         """``s`` with rows ``idx`` [K] starting new episodes drawn from the new per-row ``keys`` [K] (detached)."""
         k, dev, dr = len(idx), self.device, self.domain_randomization
         nu = self.model.nu
-        # one generator for the K rows, seeded from their keys and indices: the draws are a function of the state
-        mix = self._hash32(keys ^ (idx * 0x9E3779B1))
-        g = torch.Generator(device=dev)
-        g.manual_seed(int((mix * (torch.arange(k, device=dev) + 1)).sum().item()) & MAX_SEED)
-        frame = torch.randint(0, self.num_frames - 1, (k,), generator=g, device=dev)
-        ref_joint_pos = self._ref.joint_pos[frame]  # frame < num_frames - 1: no clamp needed
+        frame = self._reset_frames(idx, keys)
+        needs_gen = (not self._noiseless_reset or dr.joint_offset is not None or dr.latency_prob > 0
+                     or s.physics is not None)
+        g = self._row_generator(idx, keys) if needs_gen else None
         if self._noiseless_reset:  # the reset state is a function of the frame alone: read it from the table
             q, qd, _ = self._reset_table()
             q, qd = q[frame], qd[frame]
@@ -420,8 +452,13 @@ class G1TrackingVectorEnv(VectorEnv):
                 q = torch.cat([q[:, :7], q[:, 7:] + uniform(g, -dr.reset_joint_pos, dr.reset_joint_pos, (k, nu), dev)],
                               1)
             q = self._lift_to_ground(q)
-        offset = (uniform(g, dr.joint_offset[0], dr.joint_offset[1], (k, nu), dev)
-                  if dr.joint_offset is not None else torch.zeros(k, nu, device=dev))
+        # the previous action reproduces the reference pose, so a policy that tracks it pays no action-rate cost
+        if dr.joint_offset is None:
+            offset, prev = torch.zeros(k, nu, device=dev), self._held_actions()[frame]
+        else:
+            offset = uniform(g, dr.joint_offset[0], dr.joint_offset[1], (k, nu), dev)
+            # frame < num_frames - 1: no clamp needed
+            prev = self._actions.to_action(self._ref.joint_pos[frame], self._target_base(offset, frame))
         lat = (torch.rand(k, generator=g, device=dev) < dr.latency_prob
                if dr.latency_prob > 0 else torch.zeros(k, dtype=torch.bool, device=dev))
         countdown, push_vel = self._push_draw(keys, torch.zeros_like(keys))
@@ -429,16 +466,44 @@ class G1TrackingVectorEnv(VectorEnv):
         if s.physics is not None:
             base = Physics(*(t[s.env_id[idx]] for t in self._default_physics))
             physics = sample_physics(base, dr, g) if dr.physics_active else base
-        # the previous action reproduces the reference pose, so a policy that tracks it pays no action-rate cost
-        prev = self._actions.to_action(ref_joint_pos, self._target_base(offset, frame))
         rows = EnvState(q=q, qd=qd, frame=frame, episode_steps=torch.zeros_like(frame), prev_actions=prev,
                         delayed_actions=prev, joint_offset=offset, latency=lat, push_countdown=countdown,
                         push_vel=push_vel, rng_key=keys, env_id=s.env_id[idx], physics=physics)
         return s.scatter(idx, rows)
 
+    def _table_reset_applies(self, s: EnvState, obs: torch.Tensor) -> bool:
+        """Whether an autoreset of ``s`` is the reset table alone (no randomisation, no observation noise) and can
+        take the one-launch Warp path (:class:`~bcg.envs.warp_reset.WarpTableReset`, the same bits)."""
+        dr = self.domain_randomization
+        return (self._warp and self._noiseless_reset and dr.joint_offset is None and dr.latency_prob == 0
+                and dr.push_interval is None and not self._noise_on and WarpTableReset.accepts(s, obs))
+
+    def _table_reset(self) -> WarpTableReset:
+        if self._warp_reset is None:
+            q, qd, obs = self._reset_table()
+            self._warp_reset = WarpTableReset((q, qd, self._held_actions(), obs), _NEXT_KEY_ADD, _STREAM_RESET)
+        return self._warp_reset
+
+    def _bounds(self) -> tuple[float, float, float]:
+        """The bounds of the instability check now: (state_limit, MAX_SPEED, largest |root position|)."""
+        return (self.state_limit, *_sim_bounds())
+
+    def _table_stable(self) -> bool:
+        """Whether every reset-table state and every reference pose at rest (what an unstable row is replaced by)
+        passes the instability check with the current bounds (computed once per set of bounds)."""
+        key = self._bounds()
+        ok = self._stable_cache.get(key)
+        if ok is None:
+            with torch.no_grad():
+                q, qd, _ = self._reset_table()
+                rest = torch.zeros(self.num_frames, self.model.nv, device=self.device)
+                ok = not bool(self._unstable_rows(q, qd).any() or self._unstable_rows(self._ref_qpos, rest).any())
+            self._stable_cache[key] = ok
+        return ok
+
     def _next_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """New keys [K] for rows starting a new episode (a deterministic function of the old ones)."""
-        return self._hash32(keys, 0x5BD1E995) & 0x7FFFFFFF
+        return self._hash32(keys, _NEXT_KEY_ADD) & 0x7FFFFFFF
 
     def _hash32(self, x: torch.Tensor, add: int = 0) -> torch.Tensor:
         """``bcg.envs.transition._hash32(x + add)``: one Warp launch on the CPU (bcg.envs.warp_hash), same bits."""
@@ -455,16 +520,20 @@ class G1TrackingVectorEnv(VectorEnv):
     def _unstable(self, s: EnvState) -> torch.Tensor:
         """[N] bool: rows the simulator would refuse or that diverged: non-finite, |q| > state_limit, a root position
         beyond bcg.sim's bound, a (near) zero root quaternion, or |qd| > bcg.sim.MAX_SPEED."""
-        max_speed, max_pos = _sim_bounds()
-        if self._warp and UnstableCheck.accepts(s.q, s.qd):  # one launch (bcg.envs.warp_checks)
-            return self._warp_unstable(s.q.detach(), s.qd.detach(), self.state_limit, max_pos,
-                                       min(self.state_limit, max_speed))
-        return self._unstable_torch(s, max_speed, max_pos)
+        return self._unstable_rows(s.q, s.qd)
 
-    def _unstable_torch(self, s: EnvState, max_speed: float, max_pos: float) -> torch.Tensor:
+    def _unstable_rows(self, q: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
+        """:meth:`_unstable` of the rows ``q`` [M, nq], ``qd`` [M, nv]."""
+        max_speed, max_pos = _sim_bounds()
+        if self._warp and UnstableCheck.accepts(q, qd):  # one launch (bcg.envs.warp_checks)
+            return self._warp_unstable(q.detach(), qd.detach(), self.state_limit, max_pos,
+                                       min(self.state_limit, max_speed))
+        return self._unstable_torch(q, qd, max_speed, max_pos)
+
+    def _unstable_torch(self, q: torch.Tensor, qd: torch.Tensor, max_speed: float, max_pos: float) -> torch.Tensor:
         """:meth:`_unstable` in torch operations (any device and dtype)."""
         with torch.no_grad():
-            q, qd = s.q.detach(), s.qd.detach()
+            q, qd = q.detach(), qd.detach()
             # NaN and inf fail a comparison with a finite bound (amax propagates NaN), so the bounds below check
             # finiteness too; an explicit test is only needed when state_limit itself is infinite
             qa = q.abs()
@@ -671,8 +740,11 @@ class G1TrackingVectorEnv(VectorEnv):
 
     def _step(self, actions: torch.Tensor):
         s = self._state
-        unstable = self._unstable(s)
-        any_unstable = bool(unstable.any())
+        if s is self._checked and self._checked_bounds == self._bounds():  # passed already (see the end)
+            unstable, any_unstable = torch.zeros(s.num_envs, dtype=torch.bool, device=self.device), False
+        else:
+            unstable = self._unstable(s)
+            any_unstable = bool(unstable.any())
         if any_unstable:  # reset before the simulator sees the state, so training never raises
             idx = unstable.nonzero().flatten()
             with torch.no_grad():
@@ -681,7 +753,7 @@ class G1TrackingVectorEnv(VectorEnv):
             s, actions, stable=None if any_unstable else unstable, tracking=True)
         obs = self._observe(sim, nxt.frame)
         done = terminated | truncated
-        num_unstable = int(unstable.sum()) + int(bad.sum())
+        num_unstable = (int(unstable.sum()) if any_unstable else 0) + int(bad.sum())
         self.nonfinite_count += num_unstable
         info: dict[str, Any] = {
             "nonfinite": bad,
@@ -698,7 +770,11 @@ class G1TrackingVectorEnv(VectorEnv):
         clean_final = obs
         final_obs = obs + self._noise(nxt) if noise_on else obs
         noisy = final_obs
-        if self.autoreset and bool(done.any()):
+        if self.autoreset and bool(done.any()) and self._table_reset_applies(nxt, obs):
+            with torch.no_grad():  # one launch: the rows' new episodes and first observations (bcg.envs.warp_reset)
+                nxt, obs = self._table_reset()(nxt, done, obs)
+            noisy = obs
+        elif self.autoreset and bool(done.any()):
             idx = done.nonzero().flatten()
             with torch.no_grad():
                 nxt = self._reset_rows(nxt, idx, self._next_keys(nxt.rng_key[idx]))
@@ -714,6 +790,10 @@ class G1TrackingVectorEnv(VectorEnv):
                 else:
                     noisy = obs
         self._state = nxt
+        # every row of nxt passed the check after the physics or was replaced by its reference pose at rest, and
+        # every reset row came from the reset table: when those poses pass too, the next step need not check again
+        self._checked = nxt if self._noiseless_reset and self._table_stable() else None
+        self._checked_bounds = self._bounds()
         # a transition function that reports per-call statistics (a gradient estimator) has them in info
         stats = getattr(self.transition_fn, "last_stats", None)
         if stats is not None and hasattr(stats, "as_dict"):

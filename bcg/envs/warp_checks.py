@@ -16,7 +16,7 @@ import threading
 import torch
 import warp as wp
 
-from bcg.envs.warp_features import bucket, head
+from bcg.envs.warp_features import bucket
 
 __all__ = ["UnstableCheck"]
 
@@ -76,24 +76,24 @@ class UnstableCheck:
             q = wp.zeros((m, self.nq), dtype=wp.float32, device=dev)
             qd = wp.zeros((m, self.nv), dtype=wp.float32, device=dev)
             out = wp.zeros(m, dtype=wp.int32, device=dev)
-            buf = self._pool[m] = (q, qd, out, wp.to_torch(q), wp.to_torch(qd), wp.to_torch(out), {})
+            buf = self._pool[m] = (q, qd, out, {})
         return buf
 
     def __call__(self, q: torch.Tensor, qd: torch.Tensor, limit: float, max_pos: float, max_qd: float
                  ) -> torch.Tensor:
-        from bcg.sim.replay import prepack
+        from bcg.sim.replay import TensorLaunch
 
         n = q.shape[0]
         key = (float(limit), float(max_pos), float(max_qd))
         with self.lock:
-            wq, wqd, wout, tq, tqd, tout, launches = self._buffers(n)
+            wq, wqd, wout, launches = self._buffers(n)
             run = launches.get(key)
             if run is None:  # the bounds are launch constants: one packed launch per set of bounds
                 cmd = wp.launch(_unstable_rows, dim=wq.shape[0],
                                 inputs=[wq, wqd, *key, int(not math.isfinite(key[0])), self.nq, self.nv],
                                 outputs=[wout], device=wq.device, record_cmd=True)
-                run = launches[key] = prepack(cmd)
-            head(tq, n).copy_(q)
-            head(tqd, n).copy_(qd)
-            run()
-            return head(tout, n) != 0
+                # reads the caller's tensors and writes a fresh one (no copies in or out)
+                run = launches[key] = TensorLaunch(cmd, [("q", wq), ("qd", wqd), ("out", wout)], rows=True)
+            out = torch.empty(n, dtype=torch.int32)
+            run(q, qd, out)
+        return out != 0

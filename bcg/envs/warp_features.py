@@ -179,7 +179,7 @@ class _Buffers:
     """Warp arrays of one batch size, their torch views, and both launches packed once (``bcg.sim.replay``)."""
 
     def __init__(self, kin: WarpKinematics, n: int):
-        from bcg.sim.replay import prepack
+        from bcg.sim.replay import TensorLaunch, prepack
 
         dev, nb, nk, nq = kin.wp_device, kin.nb, kin.nk, kin.nq
         self.q = wp.zeros((n, nq), dtype=wp.float32, device=dev)
@@ -198,20 +198,22 @@ class _Buffers:
         c = kin.consts
         fwd = wp.launch(_fk_forward, dim=n, inputs=[self.q, *c, nb, nk], outputs=[self.rot, self.pos, self.key],
                         device=dev, record_cmd=True)
+        # the forward reads and writes the caller's tensors (no copies in or out)
+        self.forward = TensorLaunch(fwd, [("q", self.q), ("rot", self.rot), ("pos", self.pos), ("key", self.key)],
+                                    rows=True)
         bwd = wp.launch(_fk_adjoint, dim=n, inputs=[self.q, self.rot, *c, nb, nk, self.g_rot, self.g_pos,
                                                     self.g_key, self.a_rot, self.a_pos], outputs=[self.g_q],
                         device=dev, record_cmd=True)
-        self.forward, self.backward = prepack(fwd), prepack(bwd)
+        self.backward = prepack(bwd)
 
 
 def _fk(kin: WarpKinematics, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The forward launch on ``q`` [n, nq]: fresh (rot, pos, key) tensors."""
     n = q.shape[0]
+    rot, pos, key = q.new_empty(n, kin.nb, 3, 3), q.new_empty(n, kin.nb, 3), q.new_empty(n, kin.nk, 3)
     with kin.lock:
-        buf = kin.buffers(n)
-        head(buf.t["q"], n).copy_(q)
-        buf.forward()
-        return head(buf.t["rot"], n).clone(), head(buf.t["pos"], n).clone(), head(buf.t["key"], n).clone()
+        kin.buffers(n).forward(q, rot, pos, key)
+    return rot, pos, key
 
 
 class _FK(torch.autograd.Function):

@@ -244,16 +244,17 @@ class _Buffers:
         for name in ("body_pos", "frame", "terms", "reward", "g_reward", "out"):
             setattr(self, "t_" + name, wp.to_torch(getattr(self, name)))
         self.launches: dict[tuple, tuple] = {}  # weights -> (forward, backward), packed on first use
-        from bcg.sim.replay import prepack
+        from bcg.sim.replay import TensorLaunch
 
         cmd = wp.launch(_metrics, dim=n, inputs=[self.w["key_pos"], self.body_pos, self.frame, wr.ref, nk, nb],
                         outputs=[self.out], device=dev, record_cmd=True)
-        self.metrics = prepack(cmd)
+        self.metrics = TensorLaunch(cmd, [("key_pos", self.w["key_pos"]), ("body_pos", self.body_pos),
+                                          ("frame", self.frame), ("out", self.out)], rows=True)
 
     def reward_launches(self, wr: WarpTrackingReward, weights: tuple) -> tuple:
         run = self.launches.get(weights)
         if run is None:
-            from bcg.sim.replay import prepack
+            from bcg.sim.replay import TensorLaunch, prepack
 
             W = _Weights()
             for name, v in zip(_W, weights, strict=True):
@@ -261,10 +262,13 @@ class _Buffers:
             n, common = self.frame.shape[0], [self.frame, wr.ref, W, wr.nj, wr.nk, wr.nu]
             fwd = wp.launch(_reward_forward, dim=n, inputs=[*(self.w[k] for k in _IN), *common],
                             outputs=[self.terms, self.reward], device=wr.wp_device, record_cmd=True)
+            # the forward reads and writes the caller's tensors (no copies in or out)
+            fwd = TensorLaunch(fwd, [*((k, self.w[k]) for k in _IN), ("frame", self.frame), ("terms", self.terms),
+                                     ("reward", self.reward)], rows=True)
             bwd = wp.launch(_reward_adjoint, dim=n, inputs=[*(self.w[k] for k in _IN), *common, self.terms,
                                                              self.g_reward],
                             outputs=[self.gw[k] for k in _IN], device=wr.wp_device, record_cmd=True)
-            run = self.launches[weights] = (prepack(fwd), prepack(bwd))
+            run = self.launches[weights] = (fwd, prepack(bwd))
         return run
 
 
@@ -272,14 +276,11 @@ def _reward(wr: WarpTrackingReward, weights: tuple, frame: torch.Tensor, inputs:
             terms: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The forward launch: a fresh reward [n] and, with ``terms``, the six weighted exponentials [n, 6]."""
     n = frame.shape[0]
+    reward, out_terms = inputs[0].new_empty(n), inputs[0].new_empty(n, 6)
     with wr.lock:
-        buf = wr.buffers(n)
-        fwd, _ = buf.reward_launches(wr, weights)
-        for name, x in zip(_IN, inputs, strict=True):
-            head(buf.t[name], n).copy_(x)
-        head(buf.t_frame, n).copy_(frame)
-        fwd()
-        return head(buf.t_reward, n).clone(), head(buf.t_terms, n).clone() if terms else None
+        fwd, _ = wr.buffers(n).reward_launches(wr, weights)
+        fwd(*inputs, frame.to(torch.int32), out_terms, reward)
+    return reward, out_terms if terms else None
 
 
 class _Reward(torch.autograd.Function):
@@ -357,11 +358,7 @@ class WarpTrackingReward(BucketPool):
         """(largest key-point distance [N], mean body-origin distance [N]) [m] to the reference at ``frame`` [N]
         (clamped), without gradient."""
         n = frame.shape[0]
+        out = sim.key_pos_w.new_empty(n, 2)
         with self.lock:
-            buf = self.buffers(n)
-            head(buf.t["key_pos"], n).copy_(sim.key_pos_w.detach())
-            head(buf.t_body_pos, n).copy_(sim.body_pos_w.detach())
-            head(buf.t_frame, n).copy_(frame)
-            buf.metrics()
-            out = head(buf.t_out, n).clone()
+            self.buffers(n).metrics(sim.key_pos_w.detach(), sim.body_pos_w.detach(), frame.to(torch.int32), out)
         return out[:, 0], out[:, 1]

@@ -12,6 +12,10 @@ Array sets of the same shape differ only in where their arrays are, so :class:`R
 launches and derives the others' by adding the distance between the buffers to the pointer fields of a copy of
 the structs.
 
+:class:`TensorLaunch` goes one step further for launches whose arrays change on every call (fresh torch tensors):
+it writes the tensors' data pointers into the packed struct and calls the kernel, so no tensor is copied into a
+pooled array first and no result is copied out of one.
+
 Anything this cannot prove equivalent (a CUDA launch, a cooperative CPU launch with ``block_dim > 1``, an argument
 type other than plain arrays and values, a Warp without the helper) falls back to ``cmd.launch`` (and is not
 relocatable).
@@ -26,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["PackedLaunch", "Relocatable", "pack", "prepack"]
+__all__ = ["PackedLaunch", "Relocatable", "TensorLaunch", "pack", "prepack"]
 
 
 class PackedLaunch:
@@ -159,3 +163,86 @@ def prepack(cmd: Any) -> Callable[[], None]:
     else ``cmd.launch``."""
     packed = pack(cmd)
     return cmd.launch if packed is None else packed.call
+
+
+class TensorLaunch:
+    """A packed CPU launch whose named array arguments point at the caller's torch tensors on every call.
+
+    ``cmd``: a launch recorded with ``record_cmd=True`` on template Warp arrays; ``bound``: the names of the kernel
+    arguments to rebind, each with its template array (the expected layout). A call ``launch(t_1, ..., t_k)`` takes
+    one CPU tensor per name, in order, with the template's dtype and shape (``wp.to_torch`` of the template). The
+    tensors may be strided views (rows of a wider tensor, one body of a [N, nb, 3, 3] block) as long as each
+    element of the Warp dtype (a vec3, a mat33) is contiguous: the call writes the tensors' data pointers and
+    strides into the packed struct, one vectorised store each, and calls the kernel. Anything else raises before
+    the kernel runs, since a wrong layout would be read or written as if it were right.
+
+    With ``rows=True`` the launch is one-dimensional over the bound arrays' first dimension: a call may pass ``n``
+    rows, up to the recorded launch size, and runs ``n`` threads on arrays of ``n`` rows (arguments not named keep
+    their recorded arrays, which must have at least ``n`` rows where the kernel indexes them by row).
+    """
+
+    def __init__(self, cmd: Any, bound: Sequence[tuple[str, Any]], rows: bool = False):
+        import warp as wp
+        from warp._src.types import array_t
+
+        packed = pack(cmd)
+        if packed is None:
+            raise ValueError("TensorLaunch needs a plain CPU launch (see pack)")
+        self._packed = packed
+        struct = packed.args
+        size = ctypes.sizeof(struct)
+        if size % 8:
+            raise ValueError("the packed argument struct is not a whole number of 8-byte words")
+        raw = (ctypes.c_char * size).from_address(ctypes.addressof(struct))
+        self._words, self._ints = np.frombuffer(raw, dtype=np.int64), np.frombuffer(raw, dtype=np.int32)
+        self.rows = bool(rows)
+        self.max_rows = int(packed.bounds.size)
+        if self.rows and len(packed.bounds.shape) != 1:
+            raise ValueError("TensorLaunch(rows=True) needs a one-dimensional launch")
+        fields = dict(type(struct)._fields_)
+        ptr_index, stride_index, shape_index, self._expect = [], [], [], []
+        for name, template in bound:
+            field = getattr(type(struct), name, None)
+            if field is None or not issubclass(fields[name], array_t):
+                raise ValueError(f"{name!r} is not an array argument of kernel {cmd.kernel.key!r}")
+            data = field.offset + array_t.data.offset
+            if data % 8:
+                raise ValueError(f"the data pointer of {name!r} is not 8-byte aligned in the struct")
+            ptr_index.append(data // 8)
+            outer = template.ndim
+            stride_index += [(field.offset + array_t.strides.offset) // 4 + k for k in range(outer)]
+            shape_index.append((field.offset + array_t.shape.offset) // 4)
+            view = wp.to_torch(template)
+            if self.rows and view.shape[0] != self.max_rows:
+                raise ValueError(f"{name!r} has {view.shape[0]} rows, the launch {self.max_rows}")
+            inner = view.shape[outer:]
+            contiguous = tuple(int(np.prod(inner[k + 1:], dtype=np.int64)) for k in range(len(inner)))
+            self._expect.append((name, tuple(view.shape[1:]), view.shape[0], view.dtype, outer, contiguous,
+                                 view.element_size()))
+        self._ptr_index = np.asarray(ptr_index, dtype=np.intp)
+        self._stride_index = np.asarray(stride_index, dtype=np.intp)
+        self._shape_index = np.asarray(shape_index, dtype=np.intp)
+
+    def __call__(self, *tensors: Any) -> None:
+        if len(tensors) != len(self._expect):
+            raise ValueError(f"expected {len(self._expect)} tensors, got {len(tensors)}")
+        n = tensors[0].shape[0] if self.rows and tensors[0].dim() else self.max_rows
+        if not 1 <= n <= self.max_rows:
+            raise ValueError(f"the launch takes 1 to {self.max_rows} rows, got {n}")
+        ptrs, strides = [], []
+        for t, (name, shape, first, dtype, outer, inner, itemsize) in zip(tensors, self._expect):
+            st = t.stride()
+            if (t.dim() != len(shape) + 1 or t.shape[1:] != shape or t.shape[0] != (n if self.rows else first)
+                    or t.dtype != dtype or t.device.type != "cpu" or st[outer:] != inner):
+                raise ValueError(f"{name}: expected a CPU {dtype} tensor of shape {[n if self.rows else first, *shape]}"
+                                 f" whose elements are contiguous, got {list(t.shape)} {t.dtype} on {t.device} with "
+                                 f"strides {list(st)}")
+            ptrs.append(t.data_ptr())
+            strides += [k * itemsize for k in st[:outer]]
+        self._words[self._ptr_index] = ptrs
+        self._ints[self._stride_index] = strides
+        if self.rows:
+            self._ints[self._shape_index] = n
+            self._packed.bounds.shape[0] = n
+            self._packed.bounds.size = n
+        self._packed.call()
