@@ -53,6 +53,7 @@ from bcg.envs.warp_hash import WarpHash
 from bcg.envs.warp_observation import WarpObservation
 from bcg.envs.warp_reset import WarpTableReset
 from bcg.envs.warp_reward import WarpTrackingReward
+from bcg.envs.warp_step import WarpStepOutputs
 from bcg.motion.features import FeatureFn, Features
 from bcg.motion.rotations import euler_to_quat_wxyz, quat_mul_wxyz
 from bcg.sim.physics import Physics, default_physics
@@ -190,6 +191,8 @@ class G1TrackingVectorEnv(VectorEnv):
         self._warp_unstable = UnstableCheck(m.nq, m.nv) if cpu else None
         self._warp_reward = WarpTrackingReward(self._ref, nu) if cpu else None
         self._warp_hash = WarpHash() if cpu else None  # the counter-based draws, the same bits as the torch ones
+        self._step_outputs = (WarpStepOutputs(self._features.warp_kin, self._warp_obs, self._warp_reward,
+                                              self.num_frames) if cpu else None)
         self._warp = cpu
         self._obs_noise = torch.cat([torch.full((size,), cfg.observation_noise.half_width(name), **f32)
                                      for name, size in self.observation_layout])
@@ -524,11 +527,22 @@ class G1TrackingVectorEnv(VectorEnv):
 
     def _unstable_rows(self, q: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
         """:meth:`_unstable` of the rows ``q`` [M, nq], ``qd`` [M, nv]."""
-        max_speed, max_pos = _sim_bounds()
         if self._warp and UnstableCheck.accepts(q, qd):  # one launch (bcg.envs.warp_checks)
-            return self._warp_unstable(q.detach(), qd.detach(), self.state_limit, max_pos,
-                                       min(self.state_limit, max_speed))
+            return self._warp_unstable(q.detach(), qd.detach(), *self._check_bounds())
+        max_speed, max_pos = _sim_bounds()
         return self._unstable_torch(q, qd, max_speed, max_pos)
+
+    def _check_bounds(self) -> tuple[float, float, float]:
+        """(bound on |q|, on |root position|, on |qd|) of the instability check."""
+        max_speed, max_pos = _sim_bounds()
+        return self.state_limit, max_pos, min(self.state_limit, max_speed)
+
+    def _one_launch_outputs(self, q1: torch.Tensor, qd1: torch.Tensor, actions: torch.Tensor, s: EnvState) -> bool:
+        """Whether a step's outputs can come from one launch (bcg.envs.warp_step): the Warp paths on, no autograd,
+        the plain default reward, float32 CPU tensors."""
+        return (self._warp and not torch.is_grad_enabled() and type(self.reward_fn) is TrackingReward
+                and q1.dtype == torch.float32
+                and WarpStepOutputs.accepts(q1, qd1, actions, s.prev_actions, s.frame, s.episode_steps))
 
     def _unstable_torch(self, q: torch.Tensor, qd: torch.Tensor, max_speed: float, max_pos: float) -> torch.Tensor:
         """:meth:`_unstable` in torch operations (any device and dtype)."""
@@ -577,7 +591,7 @@ class G1TrackingVectorEnv(VectorEnv):
         unstable (non-finite, |q| > state_limit, |qd| > MAX_SPEED) before or after the physics is not passed on:
         it ends terminated with reward 0, its gradient is blocked, and its next state is its reference pose at rest.
         """
-        nxt, reward, terminated, truncated, contact, _, _, _, _ = self._transition(state, actions)
+        nxt, reward, terminated, truncated, contact, *_ = self._transition(state, actions)
         return nxt, reward, terminated, truncated, contact
 
     def _transition(self, s: EnvState, actions: torch.Tensor, stable: torch.Tensor | None = None,
@@ -618,7 +632,17 @@ class G1TrackingVectorEnv(VectorEnv):
         else:
             q_in, qd_in, t_in = q0, qd0, targets
         q1, qd1, contact = self.transition_fn(self.model, q_in, qd_in, t_in, s.physics, env_ids=s.env_id, state=s)
-        bad = self._unstable(dataclasses.replace(s, q=q1, qd=qd1))
+        if not any_bad_in and self._one_launch_outputs(q1, qd1, actions, s):
+            out = self._step_outputs(q1, qd1, actions, s.prev_actions, s.frame, s.episode_steps, self.reward_fn,
+                                     self._check_bounds(), self.termination_height, self.termination_distance,
+                                     self.max_episode_steps)
+            if not bool(out.bad.any()):  # else the general path below replaces the unstable rows first
+                nxt = dataclasses.replace(s, q=q1, qd=qd1, frame=out.frame, episode_steps=out.steps,
+                                          prev_actions=actions, delayed_actions=actions, push_countdown=countdown,
+                                          push_vel=push_vel)
+                return (nxt, out.reward, out.terminated, out.truncated, contact, None, out.bad, out.fell, out.track,
+                        out.obs)
+        bad = self._unstable_rows(q1, qd1)
         if any_bad_in:
             bad = bad_in | bad
         holder["drop"] = bad
@@ -663,7 +687,7 @@ class G1TrackingVectorEnv(VectorEnv):
             truncated &= ~terminated
         nxt = dataclasses.replace(s, q=q1, qd=qd1, frame=frame, episode_steps=steps, prev_actions=actions,
                                   delayed_actions=actions, push_countdown=countdown, push_vel=push_vel)
-        return nxt, reward, terminated, truncated, contact, sim, bad, fell, track
+        return nxt, reward, terminated, truncated, contact, sim, bad, fell, track, None
 
     # ------------------------------------------------------------------------------------------------ API
 
@@ -749,9 +773,10 @@ class G1TrackingVectorEnv(VectorEnv):
             idx = unstable.nonzero().flatten()
             with torch.no_grad():
                 s = self._reset_rows(s, idx, self._next_keys(s.rng_key[idx]))
-        nxt, reward, terminated, truncated, contact, sim, bad, fell, tracking_error = self._transition(
+        nxt, reward, terminated, truncated, contact, sim, bad, fell, tracking_error, obs = self._transition(
             s, actions, stable=None if any_unstable else unstable, tracking=True)
-        obs = self._observe(sim, nxt.frame)
+        if obs is None:  # the one-launch path made it already
+            obs = self._observe(sim, nxt.frame)
         done = terminated | truncated
         num_unstable = (int(unstable.sum()) if any_unstable else 0) + int(bad.sum())
         self.nonfinite_count += num_unstable

@@ -23,19 +23,19 @@ __all__ = ["UnstableCheck"]
 wp.set_module_options({"enable_backward": False})
 
 
-@wp.kernel
-def _unstable_rows(
+@wp.func
+def _unstable_row(
     q: wp.array2d(dtype=wp.float32),  # [N, nq]
     qd: wp.array2d(dtype=wp.float32),  # [N, nv]
+    i: int,  # the row
     limit: float,  # bound on |q| (may be inf)
     max_pos: float,  # bound on |q[0:3]|
     max_qd: float,  # bound on |qd|
     check_finite: int,  # 1: also flag non-finite q (needed when limit is inf)
     nq: int,
     nv: int,
-    out: wp.array(dtype=wp.int32),  # [N] out: 1 unstable, 0 stable
-):
-    i = wp.tid()
+) -> int:
+    """1 if row ``i`` is unstable, else 0 (also called by the fused step outputs, bcg.envs.warp_step)."""
     bad = int(0)  # noqa: UP018 (Warp: a mutable loop-carried variable)
     for j in range(nq):
         v = q[i, j]
@@ -52,7 +52,23 @@ def _unstable_rows(
     for j in range(nv):
         if not (wp.abs(qd[i, j]) <= max_qd):
             bad = 1
-    out[i] = bad
+    return bad
+
+
+@wp.kernel
+def _unstable_rows(
+    q: wp.array2d(dtype=wp.float32),
+    qd: wp.array2d(dtype=wp.float32),
+    limit: float,
+    max_pos: float,
+    max_qd: float,
+    check_finite: int,
+    nq: int,
+    nv: int,
+    out: wp.array(dtype=wp.int32),  # [N] out: 1 unstable, 0 stable
+):
+    i = wp.tid()
+    out[i] = _unstable_row(q, qd, i, limit, max_pos, max_qd, check_finite, nq, nv)
 
 
 class UnstableCheck:

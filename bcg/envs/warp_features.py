@@ -71,9 +71,10 @@ def head(t: torch.Tensor, n: int) -> torch.Tensor:
     return t if t.shape[0] == n else t[:n]
 
 
-@wp.kernel
-def _fk_forward(
+@wp.func
+def _fk_row(
     q: wp.array2d(dtype=wp.float32),  # [N, 7 + nb - 1] qpos
+    i: int,  # the row
     parent: wp.array(dtype=wp.int32),  # [nb]
     B: wp.array(dtype=wp.mat33),  # [nb] fixed rotation of each body in its parent
     BK: wp.array(dtype=wp.mat33),  # [nb] B K (K: cross-product matrix of the hinge axis)
@@ -87,7 +88,7 @@ def _fk_forward(
     pos: wp.array2d(dtype=wp.vec3),  # [N, nb] out
     key: wp.array2d(dtype=wp.vec3),  # [N, nk] out
 ):
-    i = wp.tid()
+    """Row ``i`` of the forward kinematics (also called by the fused step outputs, bcg.envs.warp_step)."""
     qw, qx, qy, qz = q[i, 3], q[i, 4], q[i, 5], q[i, 6]
     inv = 1.0 / wp.sqrt(qw * qw + qx * qx + qy * qy + qz * qz)
     w, x, y, z = qw * inv, qx * inv, qy * inv, qz * inv
@@ -106,6 +107,25 @@ def _fk_forward(
     for k in range(nk):
         kb = key_body[k]
         key[i, k] = pos[i, kb] + rot[i, kb] @ key_offset[k]
+
+
+@wp.kernel
+def _fk_forward(
+    q: wp.array2d(dtype=wp.float32),
+    parent: wp.array(dtype=wp.int32),
+    B: wp.array(dtype=wp.mat33),
+    BK: wp.array(dtype=wp.mat33),
+    BK2: wp.array(dtype=wp.mat33),
+    offset: wp.array(dtype=wp.vec3),
+    key_body: wp.array(dtype=wp.int32),
+    key_offset: wp.array(dtype=wp.vec3),
+    nb: int,
+    nk: int,
+    rot: wp.array2d(dtype=wp.mat33),  # [N, nb] out
+    pos: wp.array2d(dtype=wp.vec3),  # [N, nb] out
+    key: wp.array2d(dtype=wp.vec3),  # [N, nk] out
+):
+    _fk_row(q, wp.tid(), parent, B, BK, BK2, offset, key_body, key_offset, nb, nk, rot, pos, key)
 
 
 @wp.kernel

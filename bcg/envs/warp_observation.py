@@ -68,8 +68,8 @@ def _put3_h(obs: wp.array2d(dtype=wp.float32), i: int, o: int, c: float, s: floa
     obs[i, o + 2] = v[2]
 
 
-@wp.kernel
-def _obs_forward(
+@wp.func
+def _obs_row(
     root_pos: wp.array(dtype=wp.vec3),  # [N]
     root_rot: wp.array(dtype=wp.mat33),  # [N]
     lin_vel: wp.array(dtype=wp.vec3),  # [N] world frame
@@ -78,6 +78,7 @@ def _obs_forward(
     body_rot: wp.array2d(dtype=wp.mat33),  # [N, nb]
     key_pos: wp.array2d(dtype=wp.vec3),  # [N, nk]
     fut: wp.array2d(dtype=wp.int32),  # [N, K] reference frames
+    i: int,  # the row
     t_points: wp.array2d(dtype=wp.vec3),  # [F, 1 + nk] reference root, then key points
     t_root_rot: wp.array(dtype=wp.mat33),  # [F]
     t_body_rot6: wp.array2d(dtype=wp.float32),  # [F, 6 nb]
@@ -87,7 +88,7 @@ def _obs_forward(
     nref: int,
     obs: wp.array2d(dtype=wp.float32),  # [N, D] out
 ):
-    i = wp.tid()
+    """Row ``i`` of the observation (also called by the fused step outputs, bcg.envs.warp_step)."""
     R0 = root_rot[i]
     # the inverse heading [[c, s, 0], [-s, c, 0], [0, 0, 1]] (bcg.motion.rotations.heading_inverse)
     fx, fy = R0[0, 0], R0[1, 0]
@@ -119,6 +120,29 @@ def _obs_forward(
         for k in range(nk):
             _put3_h(obs, i, o + 3 * k, c, s, t_points[f, 1 + k] - rp)
         o = o + 3 * nk
+
+
+@wp.kernel
+def _obs_forward(
+    root_pos: wp.array(dtype=wp.vec3),
+    root_rot: wp.array(dtype=wp.mat33),
+    lin_vel: wp.array(dtype=wp.vec3),
+    ang_vel: wp.array(dtype=wp.vec3),
+    joint_vel: wp.array2d(dtype=wp.float32),
+    body_rot: wp.array2d(dtype=wp.mat33),
+    key_pos: wp.array2d(dtype=wp.vec3),
+    fut: wp.array2d(dtype=wp.int32),
+    t_points: wp.array2d(dtype=wp.vec3),
+    t_root_rot: wp.array(dtype=wp.mat33),
+    t_body_rot6: wp.array2d(dtype=wp.float32),
+    nb: int,
+    nj: int,
+    nk: int,
+    nref: int,
+    obs: wp.array2d(dtype=wp.float32),  # [N, D] out
+):
+    _obs_row(root_pos, root_rot, lin_vel, ang_vel, joint_vel, body_rot, key_pos, fut, wp.tid(), t_points, t_root_rot,
+             t_body_rot6, nb, nj, nk, nref, obs)
 
 
 @wp.kernel

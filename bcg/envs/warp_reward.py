@@ -70,8 +70,8 @@ def _sq_col(A: wp.mat33, B: wp.mat33, c: int) -> float:
     return wp.dot(d, d)
 
 
-@wp.kernel
-def _reward_forward(
+@wp.func
+def _reward_row(
     joint_pos: wp.array2d(dtype=wp.float32),  # [N, nj]
     joint_vel: wp.array2d(dtype=wp.float32),  # [N, nj]
     key_pos: wp.array2d(dtype=wp.vec3),  # [N, nk]
@@ -81,17 +81,16 @@ def _reward_forward(
     ang_vel: wp.array(dtype=wp.vec3),  # [N]
     actions: wp.array2d(dtype=wp.float32),  # [N, nu]
     prev_actions: wp.array2d(dtype=wp.float32),  # [N, nu]
-    frame: wp.array(dtype=wp.int32),  # [N] reference frame (already clamped)
+    i: int,  # the row
+    f: int,  # its reference frame (already clamped)
     ref: _Ref,
     W: _Weights,
     nj: int,
     nk: int,
     nu: int,
     terms: wp.array2d(dtype=wp.float32),  # [N, 6] out: the six weighted exponentials (kept for the adjoint)
-    reward: wp.array(dtype=wp.float32),  # [N] out
-):
-    i = wp.tid()
-    f = frame[i]
+) -> float:
+    """The reward of row ``i`` (also called by the fused step outputs, bcg.envs.warp_step)."""
     pose = float(0.0)  # noqa: UP018 (Warp: a mutable loop-carried variable)
     vel = float(0.0)  # noqa: UP018 (Warp: a mutable loop-carried variable)
     for j in range(nj):
@@ -129,7 +128,32 @@ def _reward_forward(
     terms[i, 3] = e3
     terms[i, 4] = e4
     terms[i, 5] = e5
-    reward[i] = e0 + e1 + e2 + e3 + e4 + e5
+    return e0 + e1 + e2 + e3 + e4 + e5
+
+
+@wp.kernel
+def _reward_forward(
+    joint_pos: wp.array2d(dtype=wp.float32),
+    joint_vel: wp.array2d(dtype=wp.float32),
+    key_pos: wp.array2d(dtype=wp.vec3),
+    root_pos: wp.array(dtype=wp.vec3),
+    root_rot: wp.array(dtype=wp.mat33),
+    lin_vel: wp.array(dtype=wp.vec3),
+    ang_vel: wp.array(dtype=wp.vec3),
+    actions: wp.array2d(dtype=wp.float32),
+    prev_actions: wp.array2d(dtype=wp.float32),
+    frame: wp.array(dtype=wp.int32),  # [N] reference frame (already clamped)
+    ref: _Ref,
+    W: _Weights,
+    nj: int,
+    nk: int,
+    nu: int,
+    terms: wp.array2d(dtype=wp.float32),  # [N, 6] out
+    reward: wp.array(dtype=wp.float32),  # [N] out
+):
+    i = wp.tid()
+    reward[i] = _reward_row(joint_pos, joint_vel, key_pos, root_pos, root_rot, lin_vel, ang_vel, actions,
+                            prev_actions, i, frame[i], ref, W, nj, nk, nu, terms)
 
 
 @wp.kernel
@@ -197,6 +221,28 @@ def _reward_adjoint(
         g_prev_actions[i, j] = -ga
 
 
+@wp.func
+def _metrics_row(
+    key_pos: wp.array2d(dtype=wp.vec3),  # [N, nk]
+    body_pos: wp.array2d(dtype=wp.vec3),  # [N, nb]
+    i: int,
+    f: int,  # the reference frame (already clamped)
+    ref: _Ref,
+    nk: int,
+    nb: int,
+) -> wp.vec2:
+    """(largest key-point distance, mean body-origin distance) [m] of row ``i``."""
+    far = float(0.0)  # noqa: UP018 (Warp: a mutable loop-carried variable)
+    for k in range(nk):
+        dist = wp.length(key_pos[i, k] - ref.key_pos[f, k])
+        if not (dist <= far):  # NaN propagates, as in torch's amax
+            far = dist
+    s = float(0.0)  # noqa: UP018 (Warp: a mutable loop-carried variable)
+    for b in range(nb):
+        s = s + wp.length(body_pos[i, b] - ref.body_pos[f, b])
+    return wp.vec2(far, s / float(nb))
+
+
 @wp.kernel
 def _metrics(
     key_pos: wp.array2d(dtype=wp.vec3),  # [N, nk]
@@ -208,17 +254,9 @@ def _metrics(
     out: wp.array2d(dtype=wp.float32),  # [N, 2] out: largest key-point distance, mean body-origin distance [m]
 ):
     i = wp.tid()
-    f = frame[i]
-    far = float(0.0)  # noqa: UP018 (Warp: a mutable loop-carried variable)
-    for k in range(nk):
-        dist = wp.length(key_pos[i, k] - ref.key_pos[f, k])
-        if not (dist <= far):  # NaN propagates, as in torch's amax
-            far = dist
-    s = float(0.0)  # noqa: UP018 (Warp: a mutable loop-carried variable)
-    for b in range(nb):
-        s = s + wp.length(body_pos[i, b] - ref.body_pos[f, b])
-    out[i, 0] = far
-    out[i, 1] = s / float(nb)
+    m = _metrics_row(key_pos, body_pos, i, frame[i], ref, nk, nb)
+    out[i, 0] = m[0]
+    out[i, 1] = m[1]
 
 
 _IN = ("joint_pos", "joint_vel", "key_pos", "root_pos", "root_rot", "lin_vel", "ang_vel", "actions", "prev_actions")

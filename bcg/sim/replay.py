@@ -222,6 +222,20 @@ class TensorLaunch:
         self._ptr_index = np.asarray(ptr_index, dtype=np.intp)
         self._stride_index = np.asarray(stride_index, dtype=np.intp)
         self._shape_index = np.asarray(shape_index, dtype=np.intp)
+        # per argument: the layouts (rows, shape, strides, dtype, on the CPU) already checked -> their byte strides
+        self._seen: list[dict[tuple, tuple[int, ...]]] = [{} for _ in self._expect]
+        self._last: tuple[int, list[int]] | None = None  # (rows, strides) written by the previous call
+
+    def _check(self, j: int, n: int, t: Any) -> tuple[int, ...]:
+        """The outer byte strides of tensor ``t`` for argument ``j`` (``n`` rows), or a ValueError."""
+        name, shape, first, dtype, outer, inner, itemsize = self._expect[j]
+        st = t.stride()
+        if (t.dim() != len(shape) + 1 or tuple(t.shape[1:]) != shape or t.shape[0] != (n if self.rows else first)
+                or t.dtype != dtype or not t.is_cpu or st[outer:] != inner):
+            raise ValueError(f"{name}: expected a CPU {dtype} tensor of shape {[n if self.rows else first, *shape]} "
+                             f"whose elements are contiguous, got {list(t.shape)} {t.dtype} on {t.device} with "
+                             f"strides {list(st)}")
+        return tuple(k * itemsize for k in st[:outer])
 
     def __call__(self, *tensors: Any) -> None:
         if len(tensors) != len(self._expect):
@@ -230,19 +244,19 @@ class TensorLaunch:
         if not 1 <= n <= self.max_rows:
             raise ValueError(f"the launch takes 1 to {self.max_rows} rows, got {n}")
         ptrs, strides = [], []
-        for t, (name, shape, first, dtype, outer, inner, itemsize) in zip(tensors, self._expect):
-            st = t.stride()
-            if (t.dim() != len(shape) + 1 or t.shape[1:] != shape or t.shape[0] != (n if self.rows else first)
-                    or t.dtype != dtype or t.device.type != "cpu" or st[outer:] != inner):
-                raise ValueError(f"{name}: expected a CPU {dtype} tensor of shape {[n if self.rows else first, *shape]}"
-                                 f" whose elements are contiguous, got {list(t.shape)} {t.dtype} on {t.device} with "
-                                 f"strides {list(st)}")
+        for j, (t, seen) in enumerate(zip(tensors, self._seen)):
+            key = (n, t.shape, t.stride(), t.dtype, t.is_cpu)  # a layout is checked once, then looked up
+            got = seen.get(key)
+            if got is None:
+                got = seen[key] = self._check(j, n, t)
             ptrs.append(t.data_ptr())
-            strides += [k * itemsize for k in st[:outer]]
+            strides += got
         self._words[self._ptr_index] = ptrs
-        self._ints[self._stride_index] = strides
-        if self.rows:
-            self._ints[self._shape_index] = n
-            self._packed.bounds.shape[0] = n
-            self._packed.bounds.size = n
+        if self._last is None or self._last[0] != n or self._last[1] != strides:
+            self._ints[self._stride_index] = strides
+            if self.rows:
+                self._ints[self._shape_index] = n
+                self._packed.bounds.shape[0] = n
+                self._packed.bounds.size = n
+            self._last = (n, strides)
         self._packed.call()
