@@ -246,3 +246,61 @@ def test_reset_frames_are_uniform_over_the_clip() -> None:
     mean = 20_000 / (f - 1)
     # a binomial count's standard deviation here is about sqrt(mean): 5 of them bound every frame's count
     assert float((counts[: f - 1] - mean).abs().max()) < 5 * math.sqrt(mean), counts
+
+
+def test_one_launch_step_outputs_equal_the_separate_launches(env: G1TrackingVectorEnv) -> None:
+    """bcg.envs.warp_step gives the separate launches' reward, observation and metrics bit for bit (the same row
+    functions), and the termination flags and counts of the torch expressions, on rows that fall, overrun the clip,
+    reach the step limit or are unstable."""
+    q, qd, a, pa = _state(env, 5)
+    n, f = env.num_envs, env.num_frames
+    frame0 = torch.randint(0, f - 1, (n,), generator=torch.Generator().manual_seed(3))
+    frame0[0], frame0[1] = f - 2, f + 3  # the clip ends with this step; already beyond it
+    steps0 = torch.arange(n) * 3
+    steps0[2] = 39  # reaches max_steps = 40
+    for row in (0, 2):  # on the reference at the step's frame: neither fallen nor far
+        q[row] = env._ref_qpos[min(int(frame0[row]) + 1, f - 1)]
+    q[3, 2] = 0.05  # fallen
+    qd[4, 9] = 1e4  # unstable
+    with torch.no_grad():
+        out = env._step_outputs(q, qd, a, pa, frame0, steps0, env.reward_fn, env._check_bounds(),
+                                env.termination_height, env.termination_distance, 40)
+        feats = env._features(q, qd)
+        fc = (frame0 + 1).clamp(0, f - 1)
+        reward = env._warp_reward(env.reward_fn, feats, fc, StepContext(a, pa, None))
+        key_dist, track = env._warp_reward.metrics(feats, fc)
+        obs = env._observe(feats, frame0 + 1)
+        bad = env._unstable_rows(q, qd)
+    assert torch.equal(out.reward, reward) and torch.equal(out.obs, obs) and torch.equal(out.track, track)
+    fell = q[:, 2] < env.termination_height
+    terminated = fell | (key_dist > env.termination_distance) | bad
+    truncated = ((frame0 + 1 >= f - 1) | (steps0 + 1 >= 40)) & ~terminated
+    for got, want in ((out.bad, bad), (out.fell, fell), (out.terminated, terminated), (out.truncated, truncated),
+                      (out.done, terminated | truncated), (out.frame, frame0 + 1), (out.steps, steps0 + 1)):
+        assert torch.equal(got, want)
+    assert out.num_bad == int(bad.sum()) == 1 and out.num_done == int((terminated | truncated).sum())
+    assert bool(out.fell[3]) and bool(out.truncated[0]) and bool(out.truncated[2]) and bool(out.terminated[4])
+
+
+def test_a_step_with_an_unstable_row_takes_the_general_path() -> None:
+    """When the physics return an unstable row, the Warp env replaces it by its reference pose before the features,
+    as the torch env does: the same states, flags and rewards (to rounding) as the torch paths."""
+    from bcg.envs.transition import simulator_step
+
+    def blow_up(*args, **kw):
+        q1, qd1, contact = simulator_step(*args, **kw)
+        qd1 = qd1.clone()
+        qd1[1, 10] = float("nan")
+        return q1, qd1, contact
+
+    outs = []
+    for warp in (True, False):
+        e = G1TrackingVectorEnv(5, "run", transition_fn=blow_up)
+        e._use_warp(warp)
+        e.reset(seed=2)
+        obs, rew, term, trunc, info = e.step(torch.zeros(5, 29))
+        assert bool(info["nonfinite"][1]) and bool(term[1]) and float(rew[1]) == 0.0
+        outs.append((obs, rew, term, trunc, e.q, e.qd))
+    (o1, r1, t1, u1, q1, d1), (o2, r2, t2, u2, q2, d2) = outs
+    assert torch.equal(t1, t2) and torch.equal(u1, u2) and torch.equal(q1, q2) and torch.equal(d1, d2)
+    assert float((o1 - o2).abs().max()) < 2e-5 and float((r1 - r2).abs().max()) < 1e-6

@@ -336,12 +336,13 @@ class G1TrackingVectorEnv(VectorEnv):
 
     # ------------------------------------------------------------------------------------------------ actions
 
-    def _target_base(self, joint_offset: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
+    def _target_base(self, joint_offset: torch.Tensor, frame: torch.Tensor, ahead: int = 0) -> torch.Tensor:
         """Offset [N, 29] [rad] added to q_default in the action map: the default-pose offsets, plus, with
-        ``action_offset="reference"``, the reference joint positions at motion frames ``frame`` [N] minus q_default."""
+        ``action_offset="reference"``, the reference joint positions at motion frames ``frame + ahead`` [N] minus
+        q_default."""
         if self.action_offset == "default":
             return joint_offset
-        ref_joints = self._ref_qpos[frame.clamp(0, self.num_frames - 1), 7:]
+        ref_joints = self._ref_qpos[(frame + ahead).clamp(0, self.num_frames - 1), 7:]
         return joint_offset + (ref_joints - self.default_joint_pos)
 
     def action_to_target(self, actions: torch.Tensor, joint_offset: torch.Tensor | None = None) -> torch.Tensor:
@@ -351,14 +352,14 @@ class G1TrackingVectorEnv(VectorEnv):
 
         ``joint_offset`` defaults to the current state's (domain randomisation; zeros when off)."""
         offset = self._state.joint_offset if joint_offset is None else joint_offset
-        return self._actions.to_target(actions, self._target_base(offset, self._state.frame + 1))
+        return self._actions.to_target(actions, self._target_base(offset, self._state.frame, 1))
 
     def target_to_action(self, joint_targets: torch.Tensor, joint_offset: torch.Tensor | None = None) -> torch.Tensor:
         """Actions [N, 29] whose PD targets in the current state are ``joint_targets`` [N, 29] [rad] (inverse of
         :meth:`action_to_target`; every target inside the joint ranges maps to |a| < 1 with the default action
         scale and offset)."""
         offset = self._state.joint_offset if joint_offset is None else joint_offset
-        return self._actions.to_action(joint_targets, self._target_base(offset, self._state.frame + 1))
+        return self._actions.to_action(joint_targets, self._target_base(offset, self._state.frame, 1))
 
     # ------------------------------------------------------------------------------------------------ resets
 
@@ -604,7 +605,7 @@ class G1TrackingVectorEnv(VectorEnv):
                              f"{list(actions.shape)}")
         # action latency: an environment with latency applies the previous step's action
         applied = torch.where(s.latency[:, None], s.delayed_actions, actions)
-        targets = self._actions.to_target(applied, self._target_base(s.joint_offset, s.frame + 1))
+        targets = self._actions.to_target(applied, self._target_base(s.joint_offset, s.frame, 1))
 
         q0, qd0 = s.q, s.qd
         countdown, push_vel = s.push_countdown, s.push_vel
@@ -636,12 +637,11 @@ class G1TrackingVectorEnv(VectorEnv):
             out = self._step_outputs(q1, qd1, actions, s.prev_actions, s.frame, s.episode_steps, self.reward_fn,
                                      self._check_bounds(), self.termination_height, self.termination_distance,
                                      self.max_episode_steps)
-            if not bool(out.bad.any()):  # else the general path below replaces the unstable rows first
+            if out.num_bad == 0:  # else the general path below replaces the unstable rows first
                 nxt = dataclasses.replace(s, q=q1, qd=qd1, frame=out.frame, episode_steps=out.steps,
                                           prev_actions=actions, delayed_actions=actions, push_countdown=countdown,
                                           push_vel=push_vel)
-                return (nxt, out.reward, out.terminated, out.truncated, contact, None, out.bad, out.fell, out.track,
-                        out.obs)
+                return nxt, out.reward, out.terminated, out.truncated, contact, None, out.bad, out.fell, out.track, out
         bad = self._unstable_rows(q1, qd1)
         if any_bad_in:
             bad = bad_in | bad
@@ -733,7 +733,9 @@ class G1TrackingVectorEnv(VectorEnv):
             raise TypeError(f"actions must be floating point, got {actions.dtype}")
         if actions.device != self.device:
             raise ValueError(f"actions are on {actions.device}, the environment on {self.device}")
-        if not bool(torch.isfinite(actions.detach()).all()):  # one reduction; the rows only for the message
+        # one reduction: a float64 sum of float32 values cannot overflow, so it is finite exactly when every entry is
+        # (the rows are found only for the message)
+        if not math.isfinite(float(actions.detach().sum(dtype=torch.float64))):
             bad = ~torch.isfinite(actions.detach()).all(1)
             raise ValueError(f"actions contain NaN or inf (environments {bad.nonzero().flatten()[:8].tolist()})")
         return actions.to(torch.float32)
@@ -773,12 +775,14 @@ class G1TrackingVectorEnv(VectorEnv):
             idx = unstable.nonzero().flatten()
             with torch.no_grad():
                 s = self._reset_rows(s, idx, self._next_keys(s.rng_key[idx]))
-        nxt, reward, terminated, truncated, contact, sim, bad, fell, tracking_error, obs = self._transition(
+        nxt, reward, terminated, truncated, contact, sim, bad, fell, tracking_error, fused = self._transition(
             s, actions, stable=None if any_unstable else unstable, tracking=True)
-        if obs is None:  # the one-launch path made it already
-            obs = self._observe(sim, nxt.frame)
-        done = terminated | truncated
-        num_unstable = (int(unstable.sum()) if any_unstable else 0) + int(bad.sum())
+        if fused is None:
+            obs, done = self._observe(sim, nxt.frame), terminated | truncated
+            num_bad, any_done = int(bad.sum()), None
+        else:  # the one-launch path (bcg.envs.warp_step) made them already
+            obs, done, num_bad, any_done = fused.obs, fused.done, fused.num_bad, fused.num_done > 0
+        num_unstable = (int(unstable.sum()) if any_unstable else 0) + num_bad
         self.nonfinite_count += num_unstable
         info: dict[str, Any] = {
             "nonfinite": bad,
@@ -795,11 +799,13 @@ class G1TrackingVectorEnv(VectorEnv):
         clean_final = obs
         final_obs = obs + self._noise(nxt) if noise_on else obs
         noisy = final_obs
-        if self.autoreset and bool(done.any()) and self._table_reset_applies(nxt, obs):
+        if self.autoreset and any_done is None:
+            any_done = bool(done.any())
+        if self.autoreset and any_done and self._table_reset_applies(nxt, obs):
             with torch.no_grad():  # one launch: the rows' new episodes and first observations (bcg.envs.warp_reset)
                 nxt, obs = self._table_reset()(nxt, done, obs)
             noisy = obs
-        elif self.autoreset and bool(done.any()):
+        elif self.autoreset and any_done:
             idx = done.nonzero().flatten()
             with torch.no_grad():
                 nxt = self._reset_rows(nxt, idx, self._next_keys(nxt.rng_key[idx]))

@@ -91,6 +91,8 @@ def _step_outputs(
     fell: wp.array(dtype=wp.bool),  # [N] out
     terminated: wp.array(dtype=wp.bool),  # [N] out
     truncated: wp.array(dtype=wp.bool),  # [N] out
+    done: wp.array(dtype=wp.bool),  # [N] out: terminated or truncated
+    counts: wp.array(dtype=wp.int32),  # [2] out, zeroed by the caller: rows unstable, rows done
 ):
     i = wp.tid()
     unstable = _unstable_row(q, qd, i, limit, max_pos, max_qd, check_finite, nq, nv) != 0
@@ -116,6 +118,11 @@ def _step_outputs(
     fell[i] = down
     terminated[i] = term
     truncated[i] = trunc and not term
+    done[i] = term or trunc
+    if unstable:
+        wp.atomic_add(counts, 0, 1)
+    if term or trunc:
+        wp.atomic_add(counts, 1, 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,10 +138,13 @@ class StepOutputs:
     fell: torch.Tensor  # [N] bool
     terminated: torch.Tensor  # [N] bool
     truncated: torch.Tensor  # [N] bool
+    done: torch.Tensor  # [N] bool: terminated | truncated
+    num_bad: int  # rows unstable after the physics
+    num_done: int  # rows terminated or truncated
 
 
 _BOUND = ("q", "qd", "joint_pos", "joint_vel", "root_pos", "lin_vel", "ang_vel", "actions", "prev_actions", "frame0",
-          "steps0", "reward", "obs", "track", "frame", "steps", "bad", "fell", "terminated", "truncated")
+          "steps0", "reward", "obs", "track", "frame", "steps", "bad", "fell", "terminated", "truncated", "done")
 
 
 class WarpStepOutputs:
@@ -150,6 +160,8 @@ class WarpStepOutputs:
         self.kin, self.wo, self.wr, self.num_frames = kin, obs, reward, int(num_frames)
         self._launches: dict[tuple, Any] = {}
         self._scratch: dict[int, list] = {}
+        self._counts = wp.zeros(2, dtype=wp.int32, device="cpu")
+        self._counts_np = self._counts.numpy()  # the same memory: read and zeroed without a torch operation
         self.lock = threading.Lock()
 
     @staticmethod
@@ -186,7 +198,7 @@ class WarpStepOutputs:
                      "prev_actions": z((m, nu), wp.float32), "frame0": z(m, wp.int64), "steps0": z(m, wp.int64),
                      "reward": z(m, wp.float32), "obs": z((m, wo.dim), wp.float32), "track": z(m, wp.float32),
                      "frame": z(m, wp.int64), "steps": z(m, wp.int64), "bad": z(m, wp.bool), "fell": z(m, wp.bool),
-                     "terminated": z(m, wp.bool), "truncated": z(m, wp.bool)}
+                     "terminated": z(m, wp.bool), "truncated": z(m, wp.bool), "done": z(m, wp.bool)}
         W = _Weights()
         for name, v in zip(_W, weights, strict=True):
             setattr(W, name, v)
@@ -199,7 +211,7 @@ class WarpStepOutputs:
                     t["actions"], t["prev_actions"], t["frame0"], t["steps0"], *kin.consts, wr.ref, W, *wo.table,
                     nb, nj, nk, nu, k, nq, nv, limit, max_pos, max_qd, int(not math.isfinite(limit)), height,
                     distance, wp.int64(max_steps), wp.int64(self.num_frames), *scratch],
-            outputs=[t[x] for x in _BOUND[11:]], device=dev, record_cmd=True)
+            outputs=[*(t[x] for x in _BOUND[11:]), self._counts], device=dev, record_cmd=True)
         run = self._launches[key] = TensorLaunch(cmd, [(x, t[x]) for x in _BOUND], rows=True)
         return run  # the templates are only layouts: every call points the launch at its own tensors
 
@@ -216,11 +228,13 @@ class WarpStepOutputs:
         new = q.new_empty
         reward, obs, track = new(n), new(n, self.wo.dim), new(n)
         frame, steps = frame0.new_empty(n), frame0.new_empty(n)
-        flags = torch.empty(4, n, dtype=torch.bool)
-        bad, fell, terminated, truncated = flags
+        flags = torch.empty(5, n, dtype=torch.bool)
+        bad, fell, terminated, truncated, done = flags
         with self.lock:
             run = self._launch(n, weights, tuple(float(b) for b in bounds),
                                (float(height), float(distance), -1 if max_steps is None else int(max_steps)))
+            self._counts_np[:] = 0
             run(q, qd, q[:, 7:], qd[:, 6:], q[:, 0:3], qd[:, 0:3], qd[:, 3:6], actions, prev_actions, frame0, steps0,
-                reward, obs, track, frame, steps, bad, fell, terminated, truncated)
-        return StepOutputs(reward, obs, track, frame, steps, bad, fell, terminated, truncated)
+                reward, obs, track, frame, steps, bad, fell, terminated, truncated, done)
+            num_bad, num_done = int(self._counts_np[0]), int(self._counts_np[1])
+        return StepOutputs(reward, obs, track, frame, steps, bad, fell, terminated, truncated, done, num_bad, num_done)
