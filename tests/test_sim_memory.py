@@ -203,6 +203,17 @@ def _double_rows(v: wp.array(dtype=wp.vec3), out: wp.array(dtype=wp.vec3)):
     out[i] = 2.0 * v[i]
 
 
+@wp.kernel
+def _gather_views(src: wp.array2d(dtype=wp.float32), v: wp.array(dtype=wp.vec3), tail: wp.array2d(dtype=wp.float32),
+                  out: wp.array2d(dtype=wp.float32)):
+    i = wp.tid()
+    x = v[i]
+    out[i, 0] = x[0]
+    out[i, 1] = x[1]
+    out[i, 2] = x[2]
+    out[i, 3] = tail[i, 0] + tail[i, 1] + src[i, 0]
+
+
 def test_tensor_launch_points_at_the_given_tensors_and_checks_their_layout() -> None:
     """TensorLaunch runs the kernel on the tensors of each call (no copies; strided views included), leaves
     unnamed arguments as recorded, and refuses a tensor of another shape, dtype or element layout before the
@@ -240,3 +251,17 @@ def test_tensor_launch_points_at_the_given_tensors_and_checks_their_layout() -> 
         run(torch.zeros(5, 7)[:, 1:7:2], torch.zeros(5, 3))
     with pytest.raises(ValueError, match="takes 1 to 8 rows"):
         run(torch.zeros(9, 3), torch.zeros(9, 3))
+
+    # views: a vec3 array on columns 1:4 of a bound argument and a float array on its columns 4:6, no torch views
+    ts, tv, tt, to = (wp.zeros((8, 6), dtype=wp.float32, device="cpu"), wp.zeros(8, dtype=wp.vec3, device="cpu"),
+                      wp.zeros((8, 2), dtype=wp.float32, device="cpu"), wp.zeros((8, 4), dtype=wp.float32, device="cpu"))
+    cmd = wp.launch(_gather_views, dim=8, inputs=[ts, tv, tt], outputs=[to], device="cpu", record_cmd=True)
+    run = TensorLaunch(cmd, [("src", ts), ("out", to)], rows=True, views=[("v", tv, "src", 1), ("tail", tt, "src", 4)])
+    for src in (torch.randn(6, 6, generator=g), torch.randn(6, 9, generator=g)[:, 2:8]):
+        out = torch.empty(6, 4)
+        run(src, out)
+        assert torch.equal(out[:, :3], src[:, 1:4]) and torch.equal(out[:, 3], src[:, 4] + src[:, 5] + src[:, 0])
+    with pytest.raises(ValueError, match="columns contiguous"):
+        run(torch.randn(6, 12)[:, ::2], torch.empty(6, 4))
+    with pytest.raises(ValueError, match="does not fit"):
+        TensorLaunch(cmd, [("src", ts), ("out", to)], rows=True, views=[("v", tv, "src", 4)])

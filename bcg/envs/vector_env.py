@@ -39,6 +39,9 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
+import bcg.sim
+import bcg.sim.bridge
+
 from bcg.envs.actions import ActionMap, default_action_scale
 from bcg.envs.config import EnvConfig, check_count
 from bcg.envs.grad_mask import RowGradMask
@@ -71,10 +74,7 @@ _NEXT_KEY_ADD = 0x5BD1E995  # the constant of G1TrackingVectorEnv._next_keys
 
 def _sim_bounds() -> tuple[float, float]:
     """(largest |qd| entry, largest |root position| component) the simulator accepts, read at call time."""
-    import bcg.sim
-    from bcg.sim.bridge import MAX_ROOT_POSITION
-
-    return float(bcg.sim.MAX_SPEED), float(MAX_ROOT_POSITION)
+    return float(bcg.sim.MAX_SPEED), float(bcg.sim.bridge.MAX_ROOT_POSITION)
 
 
 def _check_seed(seed: Any) -> int | None:

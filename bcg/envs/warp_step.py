@@ -18,10 +18,9 @@ general path (the row is replaced by its reference pose before the features), wh
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import warp as wp
@@ -125,8 +124,7 @@ def _step_outputs(
         wp.atomic_add(counts, 1, 1)
 
 
-@dataclasses.dataclass(frozen=True)
-class StepOutputs:
+class StepOutputs(NamedTuple):
     """What :class:`WarpStepOutputs` returns for N rows (fresh tensors)."""
 
     reward: torch.Tensor  # [N]
@@ -143,8 +141,11 @@ class StepOutputs:
     num_done: int  # rows terminated or truncated
 
 
-_BOUND = ("q", "qd", "joint_pos", "joint_vel", "root_pos", "lin_vel", "ang_vel", "actions", "prev_actions", "frame0",
-          "steps0", "reward", "obs", "track", "frame", "steps", "bad", "fell", "terminated", "truncated", "done")
+_BOUND = ("q", "qd", "actions", "prev_actions", "frame0", "steps0", "reward", "obs", "track", "frame", "steps", "bad",
+          "fell", "terminated", "truncated", "done")
+_OUTPUTS = _BOUND[6:]
+_VIEWS = (("joint_pos", "q", 7), ("joint_vel", "qd", 6), ("root_pos", "q", 0), ("lin_vel", "qd", 0),
+          ("ang_vel", "qd", 3))  # (argument, the state it is a column range of, first column)
 
 
 class WarpStepOutputs:
@@ -160,6 +161,7 @@ class WarpStepOutputs:
         self.kin, self.wo, self.wr, self.num_frames = kin, obs, reward, int(num_frames)
         self._launches: dict[tuple, Any] = {}
         self._scratch: dict[int, list] = {}
+        self._weights: dict[int, tuple] = {}  # id(reward_fn) -> (reward_fn, its weights)
         self._counts = wp.zeros(2, dtype=wp.int32, device="cpu")
         self._counts_np = self._counts.numpy()  # the same memory: read and zeroed without a torch operation
         self.lock = threading.Lock()
@@ -168,7 +170,7 @@ class WarpStepOutputs:
     def accepts(*xs: torch.Tensor) -> bool:
         """Whether the tensors can take this path (float32 or int64 CPU tensors, at least one row, the last
         dimension contiguous)."""
-        return all(x.device.type == "cpu" and x.dtype in (torch.float32, torch.int64) and x.stride(-1) == 1
+        return all(x.is_cpu and (x.dtype == torch.float32 or x.dtype == torch.int64) and x.stride(-1) == 1
                    for x in xs) and xs[0].shape[0] > 0
 
     def _launch(self, n: int, weights: tuple, bounds: tuple, terms: tuple) -> Any:
@@ -202,8 +204,8 @@ class WarpStepOutputs:
         W = _Weights()
         for name, v in zip(_W, weights, strict=True):
             setattr(W, name, v)
-        limit, max_pos, max_qd = bounds
-        height, distance, max_steps = terms
+        limit, max_pos, max_qd = (float(b) for b in bounds)
+        height, distance, max_steps = float(terms[0]), float(terms[1]), int(terms[2])
         t = templates
         cmd = wp.launch(
             _step_outputs, dim=m,
@@ -211,8 +213,9 @@ class WarpStepOutputs:
                     t["actions"], t["prev_actions"], t["frame0"], t["steps0"], *kin.consts, wr.ref, W, *wo.table,
                     nb, nj, nk, nu, k, nq, nv, limit, max_pos, max_qd, int(not math.isfinite(limit)), height,
                     distance, wp.int64(max_steps), wp.int64(self.num_frames), *scratch],
-            outputs=[*(t[x] for x in _BOUND[11:]), self._counts], device=dev, record_cmd=True)
-        run = self._launches[key] = TensorLaunch(cmd, [(x, t[x]) for x in _BOUND], rows=True)
+            outputs=[*(t[x] for x in _OUTPUTS), self._counts], device=dev, record_cmd=True)
+        run = self._launches[key] = TensorLaunch(cmd, [(x, t[x]) for x in _BOUND], rows=True,
+                                                 views=[(x, t[x], src, col) for x, src, col in _VIEWS])
         return run  # the templates are only layouts: every call points the launch at its own tensors
 
     def __call__(self, q: torch.Tensor, qd: torch.Tensor, actions: torch.Tensor, prev_actions: torch.Tensor,
@@ -224,17 +227,18 @@ class WarpStepOutputs:
         |qd|) of the instability check; termination below root ``height`` [m] or beyond key-point ``distance``
         [m]; truncation at the clip's end or after ``max_steps`` (None: no limit)."""
         n = q.shape[0]
-        weights = tuple(float(getattr(reward_fn, k)) for k in _W)
+        weights = self._weights.get(id(reward_fn))
+        if weights is None or weights[0] is not reward_fn:  # TrackingReward is frozen: its weights never change
+            weights = self._weights[id(reward_fn)] = (reward_fn, tuple(float(getattr(reward_fn, k)) for k in _W))
+        weights = weights[1]
         new = q.new_empty
         reward, obs, track = new(n), new(n, self.wo.dim), new(n)
         frame, steps = frame0.new_empty(n), frame0.new_empty(n)
-        flags = torch.empty(5, n, dtype=torch.bool)
-        bad, fell, terminated, truncated, done = flags
+        bad, fell, terminated, truncated, done = (torch.empty(n, dtype=torch.bool) for _ in range(5))
         with self.lock:
-            run = self._launch(n, weights, tuple(float(b) for b in bounds),
-                               (float(height), float(distance), -1 if max_steps is None else int(max_steps)))
+            run = self._launch(n, weights, bounds, (height, distance, -1 if max_steps is None else max_steps))
             self._counts_np[:] = 0
-            run(q, qd, q[:, 7:], qd[:, 6:], q[:, 0:3], qd[:, 0:3], qd[:, 3:6], actions, prev_actions, frame0, steps0,
-                reward, obs, track, frame, steps, bad, fell, terminated, truncated, done)
+            run(q, qd, actions, prev_actions, frame0, steps0, reward, obs, track, frame, steps, bad, fell, terminated,
+                truncated, done)
             num_bad, num_done = int(self._counts_np[0]), int(self._counts_np[1])
         return StepOutputs(reward, obs, track, frame, steps, bad, fell, terminated, truncated, done, num_bad, num_done)

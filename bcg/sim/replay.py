@@ -179,16 +179,24 @@ class TensorLaunch:
     With ``rows=True`` the launch is one-dimensional over the bound arrays' first dimension: a call may pass ``n``
     rows, up to the recorded launch size, and runs ``n`` threads on arrays of ``n`` rows (arguments not named keep
     their recorded arrays, which must have at least ``n`` rows where the kernel indexes them by row).
+
+    ``views``: arguments that are column ranges of a bound two-dimensional argument, ``(name, template, source,
+    column)``: the argument is the source's columns from ``column`` on (as many as the template's element or row
+    holds), e.g. a vec3 array of a state's columns 0:3, or its columns 7: as a float array, without a torch view
+    per call. A vec3 (or other vector) view needs the source's columns contiguous.
     """
 
-    def __init__(self, cmd: Any, bound: Sequence[tuple[str, Any]], rows: bool = False):
+    def __init__(self, cmd: Any, bound: Sequence[tuple[str, Any]], rows: bool = False,
+                 views: Sequence[tuple[str, Any, str, int]] = ()):
         import warp as wp
         from warp._src.types import array_t
 
         packed = pack(cmd)
         if packed is None:
             raise ValueError("TensorLaunch needs a plain CPU launch (see pack)")
-        self._packed = packed
+        # its own copy of the launch bounds: rows=True rewrites them, and they belong to cmd
+        bounds = type(packed.bounds).from_buffer_copy(packed.bounds)
+        self._packed = packed = PackedLaunch(packed.hook, bounds, packed.args, packed.adj_args)
         struct = packed.args
         size = ctypes.sizeof(struct)
         if size % 8:
@@ -201,7 +209,7 @@ class TensorLaunch:
             raise ValueError("TensorLaunch(rows=True) needs a one-dimensional launch")
         fields = dict(type(struct)._fields_)
         ptr_index, stride_index, shape_index, self._expect = [], [], [], []
-        for name, template in bound:
+        for name, template in [*bound, *((v[0], v[1]) for v in views)]:
             field = getattr(type(struct), name, None)
             if field is None or not issubclass(fields[name], array_t):
                 raise ValueError(f"{name!r} is not an array argument of kernel {cmd.kernel.key!r}")
@@ -222,6 +230,21 @@ class TensorLaunch:
         self._ptr_index = np.asarray(ptr_index, dtype=np.intp)
         self._stride_index = np.asarray(stride_index, dtype=np.intp)
         self._shape_index = np.asarray(shape_index, dtype=np.intp)
+        names = [name for name, _ in bound]
+        self._views = []  # (source index, byte offset, its own outer dims: 1 (vector rows) or 2 (the source's))
+        for name, template, source, column in views:
+            if source not in names:
+                raise ValueError(f"view {name!r}: {source!r} is not a bound argument")
+            j = names.index(source)
+            _, src_shape, _, src_dtype, src_outer, _, itemsize = self._expect[j]
+            _, shape, _, dtype, outer, _, _ = self._expect[len(self._views) + len(names)]
+            width = int(np.prod(shape, dtype=np.int64))
+            if src_outer != 2 or src_dtype != dtype or outer not in (1, 2) or column < 0 or \
+                    column + width > src_shape[0]:
+                raise ValueError(f"view {name!r} of shape {list(shape)} does not fit in columns {column}: of "
+                                 f"{source!r} ({list(src_shape)} {src_dtype})")
+            self._views.append((j, column * itemsize, outer, itemsize))
+        self._expect = self._expect[:len(names)]
         # per argument: the layouts (rows, shape, strides, dtype, on the CPU) already checked -> their byte strides
         self._seen: list[dict[tuple, tuple[int, ...]]] = [{} for _ in self._expect]
         self._last: tuple[int, list[int]] | None = None  # (rows, strides) written by the previous call
@@ -243,7 +266,7 @@ class TensorLaunch:
         n = tensors[0].shape[0] if self.rows and tensors[0].dim() else self.max_rows
         if not 1 <= n <= self.max_rows:
             raise ValueError(f"the launch takes 1 to {self.max_rows} rows, got {n}")
-        ptrs, strides = [], []
+        ptrs, strides, bytes_strides = [], [], []
         for j, (t, seen) in enumerate(zip(tensors, self._seen)):
             key = (n, t.shape, t.stride(), t.dtype, t.is_cpu)  # a layout is checked once, then looked up
             got = seen.get(key)
@@ -251,6 +274,14 @@ class TensorLaunch:
                 got = seen[key] = self._check(j, n, t)
             ptrs.append(t.data_ptr())
             strides += got
+            bytes_strides.append(got)
+        for j, offset, outer, itemsize in self._views:
+            got = bytes_strides[j]
+            if outer == 1 and got[1] != itemsize:
+                raise ValueError(f"{self._expect[j][0]}: a vector view needs its columns contiguous, got strides "
+                                 f"{list(got)} bytes")
+            ptrs.append(ptrs[j] + offset)
+            strides += got if outer == 2 else got[:1]
         self._words[self._ptr_index] = ptrs
         if self._last is None or self._last[0] != n or self._last[1] != strides:
             self._ints[self._stride_index] = strides
