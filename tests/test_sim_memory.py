@@ -253,8 +253,8 @@ def test_tensor_launch_points_at_the_given_tensors_and_checks_their_layout() -> 
         run(torch.zeros(9, 3), torch.zeros(9, 3))
 
     # views: a vec3 array on columns 1:4 of a bound argument and a float array on its columns 4:6, no torch views
-    ts, tv, tt, to = (wp.zeros((8, 6), dtype=wp.float32, device="cpu"), wp.zeros(8, dtype=wp.vec3, device="cpu"),
-                      wp.zeros((8, 2), dtype=wp.float32, device="cpu"), wp.zeros((8, 4), dtype=wp.float32, device="cpu"))
+    ts, tt, to = (wp.zeros(shape, dtype=wp.float32, device="cpu") for shape in ((8, 6), (8, 2), (8, 4)))
+    tv = wp.zeros(8, dtype=wp.vec3, device="cpu")
     cmd = wp.launch(_gather_views, dim=8, inputs=[ts, tv, tt], outputs=[to], device="cpu", record_cmd=True)
     run = TensorLaunch(cmd, [("src", ts), ("out", to)], rows=True, views=[("v", tv, "src", 1), ("tail", tt, "src", 4)])
     for src in (torch.randn(6, 6, generator=g), torch.randn(6, 9, generator=g)[:, 2:8]):

@@ -41,7 +41,6 @@ from gymnasium.vector.utils import batch_space
 
 import bcg.sim
 import bcg.sim.bridge
-
 from bcg.envs.actions import ActionMap, default_action_scale
 from bcg.envs.config import EnvConfig, check_count
 from bcg.envs.grad_mask import RowGradMask

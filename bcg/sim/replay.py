@@ -232,7 +232,7 @@ class TensorLaunch:
         self._shape_index = np.asarray(shape_index, dtype=np.intp)
         names = [name for name, _ in bound]
         self._views = []  # (source index, byte offset, its own outer dims: 1 (vector rows) or 2 (the source's))
-        for name, template, source, column in views:
+        for name, _, source, column in views:
             if source not in names:
                 raise ValueError(f"view {name!r}: {source!r} is not a bound argument")
             j = names.index(source)
