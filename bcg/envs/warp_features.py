@@ -71,17 +71,24 @@ def head(t: torch.Tensor, n: int) -> torch.Tensor:
     return t if t.shape[0] == n else t[:n]
 
 
+@wp.struct
+class _Kin:
+    """The tree's constants for the kinematics launches (nb bodies, nk key points)."""
+
+    parent: wp.array(dtype=wp.int32)  # [nb]
+    B: wp.array(dtype=wp.mat33)  # [nb] fixed rotation of each body in its parent
+    BK: wp.array(dtype=wp.mat33)  # [nb] B K (K: cross-product matrix of the hinge axis)
+    BK2: wp.array(dtype=wp.mat33)  # [nb] B K K
+    offset: wp.array(dtype=wp.vec3)  # [nb] body origin in its parent [m]
+    key_body: wp.array(dtype=wp.int32)  # [nk]
+    key_offset: wp.array(dtype=wp.vec3)  # [nk] key point in its body's frame [m]
+
+
 @wp.func
 def _fk_row(
     q: wp.array2d(dtype=wp.float32),  # [N, 7 + nb - 1] qpos
     i: int,  # the row
-    parent: wp.array(dtype=wp.int32),  # [nb]
-    B: wp.array(dtype=wp.mat33),  # [nb] fixed rotation of each body in its parent
-    BK: wp.array(dtype=wp.mat33),  # [nb] B K (K: cross-product matrix of the hinge axis)
-    BK2: wp.array(dtype=wp.mat33),  # [nb] B K K
-    offset: wp.array(dtype=wp.vec3),  # [nb] body origin in its parent [m]
-    key_body: wp.array(dtype=wp.int32),  # [nk]
-    key_offset: wp.array(dtype=wp.vec3),  # [nk] key point in its body's frame [m]
+    c: _Kin,
     nb: int,
     nk: int,
     rot: wp.array2d(dtype=wp.mat33),  # [N, nb] out
@@ -99,46 +106,27 @@ def _fk_row(
     pos[i, 0] = wp.vec3(q[i, 0], q[i, 1], q[i, 2])
     for b in range(1, nb):  # parents come before their children
         a = q[i, 6 + b]
-        Rj = B[b] + wp.sin(a) * BK[b] + (1.0 - wp.cos(a)) * BK2[b]
-        p = parent[b]
+        Rj = c.B[b] + wp.sin(a) * c.BK[b] + (1.0 - wp.cos(a)) * c.BK2[b]
+        p = c.parent[b]
         Rp = rot[i, p]
         rot[i, b] = Rp @ Rj
-        pos[i, b] = pos[i, p] + Rp @ offset[b]
+        pos[i, b] = pos[i, p] + Rp @ c.offset[b]
     for k in range(nk):
-        kb = key_body[k]
-        key[i, k] = pos[i, kb] + rot[i, kb] @ key_offset[k]
+        kb = c.key_body[k]
+        key[i, k] = pos[i, kb] + rot[i, kb] @ c.key_offset[k]
 
 
 @wp.kernel
-def _fk_forward(
-    q: wp.array2d(dtype=wp.float32),
-    parent: wp.array(dtype=wp.int32),
-    B: wp.array(dtype=wp.mat33),
-    BK: wp.array(dtype=wp.mat33),
-    BK2: wp.array(dtype=wp.mat33),
-    offset: wp.array(dtype=wp.vec3),
-    key_body: wp.array(dtype=wp.int32),
-    key_offset: wp.array(dtype=wp.vec3),
-    nb: int,
-    nk: int,
-    rot: wp.array2d(dtype=wp.mat33),  # [N, nb] out
-    pos: wp.array2d(dtype=wp.vec3),  # [N, nb] out
-    key: wp.array2d(dtype=wp.vec3),  # [N, nk] out
-):
-    _fk_row(q, wp.tid(), parent, B, BK, BK2, offset, key_body, key_offset, nb, nk, rot, pos, key)
+def _fk_forward(q: wp.array2d(dtype=wp.float32), c: _Kin, nb: int, nk: int, rot: wp.array2d(dtype=wp.mat33),
+                pos: wp.array2d(dtype=wp.vec3), key: wp.array2d(dtype=wp.vec3)):
+    _fk_row(q, wp.tid(), c, nb, nk, rot, pos, key)
 
 
 @wp.kernel
 def _fk_adjoint(
     q: wp.array2d(dtype=wp.float32),  # [N, nq] the forward's input
     rot: wp.array2d(dtype=wp.mat33),  # [N, nb] the forward's rotations
-    parent: wp.array(dtype=wp.int32),
-    B: wp.array(dtype=wp.mat33),
-    BK: wp.array(dtype=wp.mat33),
-    BK2: wp.array(dtype=wp.mat33),
-    offset: wp.array(dtype=wp.vec3),
-    key_body: wp.array(dtype=wp.int32),
-    key_offset: wp.array(dtype=wp.vec3),
+    kc: _Kin,
     nb: int,
     nk: int,
     g_rot: wp.array2d(dtype=wp.mat33),  # [N, nb] dL/drot
@@ -153,22 +141,22 @@ def _fk_adjoint(
         a_rot[i, b] = g_rot[i, b]
         a_pos[i, b] = g_pos[i, b]
     for k in range(nk):  # key = pos[kb] + rot[kb] off
-        kb = key_body[k]
+        kb = kc.key_body[k]
         gk = g_key[i, k]
         a_pos[i, kb] = a_pos[i, kb] + gk
-        a_rot[i, kb] = a_rot[i, kb] + wp.outer(gk, key_offset[k])
+        a_rot[i, kb] = a_rot[i, kb] + wp.outer(gk, kc.key_offset[k])
     for j in range(nb - 1):  # children before parents: a body's adjoint is complete when it is reached
         b = nb - 1 - j
-        p = parent[b]
+        p = kc.parent[b]
         a = q[i, 6 + b]
         s, c = wp.sin(a), wp.cos(a)
-        Rj = B[b] + s * BK[b] + (1.0 - c) * BK2[b]
-        dRj = c * BK[b] + s * BK2[b]  # dRj / da
+        Rj = kc.B[b] + s * kc.BK[b] + (1.0 - c) * kc.BK2[b]
+        dRj = c * kc.BK[b] + s * kc.BK2[b]  # dRj / da
         Rp = rot[i, p]
         gR = a_rot[i, b]
         gp = a_pos[i, b]
         # rot[b] = Rp Rj, pos[b] = pos[p] + Rp offset[b]
-        a_rot[i, p] = a_rot[i, p] + gR @ wp.transpose(Rj) + wp.outer(gp, offset[b])
+        a_rot[i, p] = a_rot[i, p] + gR @ wp.transpose(Rj) + wp.outer(gp, kc.offset[b])
         a_pos[i, p] = a_pos[i, p] + gp
         gRj = wp.transpose(Rp) @ gR
         g_q[i, 6 + b] = wp.ddot(gRj, dRj)
@@ -216,12 +204,12 @@ class _Buffers:
         self.t = {name: wp.to_torch(getattr(self, name)) for name in
                   ("q", "rot", "pos", "key", "g_rot", "g_pos", "g_key", "g_q")}
         c = kin.consts
-        fwd = wp.launch(_fk_forward, dim=n, inputs=[self.q, *c, nb, nk], outputs=[self.rot, self.pos, self.key],
+        fwd = wp.launch(_fk_forward, dim=n, inputs=[self.q, c, nb, nk], outputs=[self.rot, self.pos, self.key],
                         device=dev, record_cmd=True)
         # the forward reads and writes the caller's tensors (no copies in or out)
         self.forward = TensorLaunch(fwd, [("q", self.q), ("rot", self.rot), ("pos", self.pos), ("key", self.key)],
                                     rows=True)
-        bwd = wp.launch(_fk_adjoint, dim=n, inputs=[self.q, self.rot, *c, nb, nk, self.g_rot, self.g_pos,
+        bwd = wp.launch(_fk_adjoint, dim=n, inputs=[self.q, self.rot, c, nb, nk, self.g_rot, self.g_pos,
                                                     self.g_key, self.a_rot, self.a_pos], outputs=[self.g_q],
                         device=dev, record_cmd=True)
         self.backward = prepack(bwd)
@@ -286,13 +274,13 @@ class WarpKinematics(BucketPool):
         K[:, 1, 2], K[:, 2, 0], K[:, 2, 1] = -axis[:, 0], -axis[:, 1], axis[:, 0]
         Bm = quat_to_matrix_wxyz(torch.as_tensor(model.body_quat_wxyz, dtype=torch.float32))
         dev = self.wp_device
-        self.consts = [
-            wp.array(parent.clip(min=0).astype(np.int32), dtype=wp.int32, device=dev),
-            cpu_array(Bm, wp.mat33), cpu_array(Bm @ K, wp.mat33), cpu_array(Bm @ K @ K, wp.mat33),
-            cpu_array(torch.as_tensor(model.body_pos, dtype=torch.float32), wp.vec3),
-            wp.array(key_body.cpu().numpy().astype(np.int32), dtype=wp.int32, device=dev),
-            cpu_array(key_offset, wp.vec3),
-        ]
+        c = _Kin()
+        c.parent = wp.array(parent.clip(min=0).astype(np.int32), dtype=wp.int32, device=dev)
+        c.B, c.BK, c.BK2 = cpu_array(Bm, wp.mat33), cpu_array(Bm @ K, wp.mat33), cpu_array(Bm @ K @ K, wp.mat33)
+        c.offset = cpu_array(torch.as_tensor(model.body_pos, dtype=torch.float32), wp.vec3)
+        c.key_body = wp.array(key_body.cpu().numpy().astype(np.int32), dtype=wp.int32, device=dev)
+        c.key_offset = cpu_array(key_offset, wp.vec3)
+        self.consts = c  # the struct holds the arrays: they live as long as this object
         super().__init__()
 
     def make_buffers(self, rows: int) -> _Buffers:

@@ -26,7 +26,7 @@ import torch
 import warp as wp
 
 from bcg.envs.warp_checks import _unstable_row
-from bcg.envs.warp_features import WarpKinematics, _fk_row, bucket
+from bcg.envs.warp_features import WarpKinematics, _fk_row, _Kin, bucket
 from bcg.envs.warp_observation import WarpObservation, _obs_row
 from bcg.envs.warp_reward import _W, WarpTrackingReward, _metrics_row, _Ref, _reward_row, _Weights
 
@@ -48,13 +48,7 @@ def _step_outputs(
     prev_actions: wp.array2d(dtype=wp.float32),  # [N, nu]
     frame0: wp.array(dtype=wp.int64),  # [N] the frame at the start of the step
     steps0: wp.array(dtype=wp.int64),  # [N] episode steps at the start of the step
-    parent: wp.array(dtype=wp.int32),  # kinematics constants (WarpKinematics.consts)
-    B: wp.array(dtype=wp.mat33),
-    BK: wp.array(dtype=wp.mat33),
-    BK2: wp.array(dtype=wp.mat33),
-    offset: wp.array(dtype=wp.vec3),
-    key_body: wp.array(dtype=wp.int32),
-    key_offset: wp.array(dtype=wp.vec3),
+    kc: _Kin,  # the kinematics constants (WarpKinematics.consts)
     ref: _Ref,  # the reward's reference table
     W: _Weights,
     t_points: wp.array2d(dtype=wp.vec3),  # the observation's reference table
@@ -99,7 +93,7 @@ def _step_outputs(
     st = steps0[i] + wp.int64(1)
     last = num_frames - wp.int64(1)
     fc = int(wp.clamp(fr, wp.int64(0), last))
-    _fk_row(q, i, parent, B, BK, BK2, offset, key_body, key_offset, nb, nk, rot, pos, key)
+    _fk_row(q, i, kc, nb, nk, rot, pos, key)
     reward[i] = _reward_row(joint_pos, joint_vel, key, root_pos, root_rot, lin_vel, ang_vel, actions, prev_actions,
                             i, fc, ref, W, nj, nk, nu, terms)
     m = _metrics_row(key, pos, i, fc, ref, nk, nb)
@@ -210,7 +204,7 @@ class WarpStepOutputs:
         cmd = wp.launch(
             _step_outputs, dim=m,
             inputs=[t["q"], t["qd"], t["joint_pos"], t["joint_vel"], t["root_pos"], t["lin_vel"], t["ang_vel"],
-                    t["actions"], t["prev_actions"], t["frame0"], t["steps0"], *kin.consts, wr.ref, W, *wo.table,
+                    t["actions"], t["prev_actions"], t["frame0"], t["steps0"], kin.consts, wr.ref, W, *wo.table,
                     nb, nj, nk, nu, k, nq, nv, limit, max_pos, max_qd, int(not math.isfinite(limit)), height,
                     distance, wp.int64(max_steps), wp.int64(self.num_frames), *scratch],
             outputs=[*(t[x] for x in _OUTPUTS), self._counts], device=dev, record_cmd=True)
