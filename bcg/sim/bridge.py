@@ -172,7 +172,9 @@ def _block_arrays(model: SimModel, index: int, n: int, grad: bool, per_env_physi
             arrs = pool.pop()
             cache.pool_bytes -= arrs.nbytes
             return arrs, True
-        return StepArrays(model, n, requires_grad=True, per_env_physics=per_env_physics, grads="pooled"), False
+        # zeroed by the block's thread (StepArrays.zero_pending, in _forward): the new pages fault in on every core
+        return StepArrays(model, n, requires_grad=True, per_env_physics=per_env_physics, grads="pooled",
+                          zero_now=False), False
     spaces = cache.__dict__.setdefault("block_workspaces", {})
     key = (index, n, per_env_physics)
     arrs = spaces.get(key)
@@ -320,6 +322,7 @@ def _forward(model: SimModel, arrs: StepArrays, reset: bool = False) -> None:
     """Run the recorded forward of ``arrs`` (inputs loaded), re-zeroing reused arrays first (``reset``)."""
     if reset:
         arrs.reset_for_reuse()
+    arrs.zero_pending()
     for launch in _record(model, arrs):
         launch()
 

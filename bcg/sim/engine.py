@@ -374,7 +374,7 @@ class StepArrays:
     """
 
     def __init__(self, model: SimModel, n: int, requires_grad: bool, per_env_physics: bool = False,
-                 grads: str = "own"):
+                 grads: str = "own", zero_now: bool = True):
         if grads not in ("own", "pooled"):
             raise ValueError(f"grads must be 'own' or 'pooled', got {grads!r}")
         self.layout = step_layout(model, n, per_env_physics)
@@ -383,7 +383,9 @@ class StepArrays:
         self.device = model.device
         self.buffer = _buffer(model.device, self.layout.nbytes)
         self._reset = _flat(self.buffer, self.layout.reset_nbytes)
-        _flat(self.buffer, self.layout.zero_nbytes).zero_()
+        self._zero_pending = True
+        if zero_now:
+            self.zero_pending()
         self.own_grads: GradArrays | None = None
         if requires_grad and grads == "own":
             self.own_grads = GradArrays(self.layout, model.device)
@@ -470,6 +472,15 @@ class StepArrays:
         gviews = grads.views() if grads is not None else [None] * len(views)
         for v, g in zip(views, gviews):
             v.grad = g
+
+    def zero_pending(self) -> None:
+        """Zero what a new set needs zeroed (:data:`RESET_FIELDS`, :data:`CREATE_ZEROED`), once. A set made with
+        ``zero_now=False`` must have this called before its launches run: the step's block threads call it, so
+        that the first touch of a new set's pages (a page fault each, 2-3 us) is spread over the cores instead of
+        being taken by the calling thread while the blocks wait."""
+        if self._zero_pending:
+            _flat(self.buffer, self.layout.zero_nbytes).zero_()
+            self._zero_pending = False
 
     def reset_for_reuse(self) -> None:
         """Re-zero the partially written scratch (one memset; with own gradients, every gradient too) so that the
