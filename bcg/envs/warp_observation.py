@@ -68,6 +68,19 @@ def _put3_h(obs: wp.array2d(dtype=wp.float32), i: int, o: int, c: float, s: floa
     obs[i, o + 2] = v[2]
 
 
+@wp.struct
+class _ObsTable:
+    """The clip's reference table and the sizes of the observation launches."""
+
+    points: wp.array2d(dtype=wp.vec3)  # [F, 1 + nk] reference root, then key points
+    root_rot: wp.array(dtype=wp.mat33)  # [F]
+    body_rot6: wp.array2d(dtype=wp.float32)  # [F, 6 nb]
+    nb: int
+    nj: int
+    nk: int
+    nref: int  # K, reference frames per observation
+
+
 @wp.func
 def _obs_row(
     root_pos: wp.array(dtype=wp.vec3),  # [N]
@@ -79,13 +92,7 @@ def _obs_row(
     key_pos: wp.array2d(dtype=wp.vec3),  # [N, nk]
     fut: wp.array2d(dtype=wp.int32),  # [N, K] reference frames
     i: int,  # the row
-    t_points: wp.array2d(dtype=wp.vec3),  # [F, 1 + nk] reference root, then key points
-    t_root_rot: wp.array(dtype=wp.mat33),  # [F]
-    t_body_rot6: wp.array2d(dtype=wp.float32),  # [F, 6 nb]
-    nb: int,
-    nj: int,
-    nk: int,
-    nref: int,
+    tb: _ObsTable,
     obs: wp.array2d(dtype=wp.float32),  # [N, D] out
 ):
     """Row ``i`` of the observation (also called by the fused step outputs, bcg.envs.warp_step)."""
@@ -100,26 +107,26 @@ def _obs_row(
     _put3_h(obs, i, 7, c, s, lin_vel[i])
     _put3_h(obs, i, 10, c, s, R0 @ ang_vel[i])
     o = 13
-    for b in range(nb):
+    for b in range(tb.nb):
         _put6_h(obs, i, o + 6 * b, c, s, body_rot[i, b])
-    o = o + 6 * nb
-    for j in range(nj):
+    o = o + 6 * tb.nb
+    for j in range(tb.nj):
         obs[i, o + j] = joint_vel[i, j]
-    o = o + nj
-    for k in range(nk):
+    o = o + tb.nj
+    for k in range(tb.nk):
         _put3_h(obs, i, o + 3 * k, c, s, key_pos[i, k] - rp)
-    o = o + 3 * nk
-    for r in range(nref):
+    o = o + 3 * tb.nk
+    for r in range(tb.nref):
         f = fut[i, r]
-        _put3_h(obs, i, o, c, s, t_points[f, 0] - rp)
-        _put6_h(obs, i, o + 3, c, s, t_root_rot[f])
+        _put3_h(obs, i, o, c, s, tb.points[f, 0] - rp)
+        _put6_h(obs, i, o + 3, c, s, tb.root_rot[f])
         o = o + 9
-        for m in range(6 * nb):
-            obs[i, o + m] = t_body_rot6[f, m]
-        o = o + 6 * nb
-        for k in range(nk):
-            _put3_h(obs, i, o + 3 * k, c, s, t_points[f, 1 + k] - rp)
-        o = o + 3 * nk
+        for m in range(6 * tb.nb):
+            obs[i, o + m] = tb.body_rot6[f, m]
+        o = o + 6 * tb.nb
+        for k in range(tb.nk):
+            _put3_h(obs, i, o + 3 * k, c, s, tb.points[f, 1 + k] - rp)
+        o = o + 3 * tb.nk
 
 
 @wp.kernel
@@ -132,17 +139,10 @@ def _obs_forward(
     body_rot: wp.array2d(dtype=wp.mat33),
     key_pos: wp.array2d(dtype=wp.vec3),
     fut: wp.array2d(dtype=wp.int32),
-    t_points: wp.array2d(dtype=wp.vec3),
-    t_root_rot: wp.array(dtype=wp.mat33),
-    t_body_rot6: wp.array2d(dtype=wp.float32),
-    nb: int,
-    nj: int,
-    nk: int,
-    nref: int,
+    tb: _ObsTable,
     obs: wp.array2d(dtype=wp.float32),  # [N, D] out
 ):
-    _obs_row(root_pos, root_rot, lin_vel, ang_vel, joint_vel, body_rot, key_pos, fut, wp.tid(), t_points, t_root_rot,
-             t_body_rot6, nb, nj, nk, nref, obs)
+    _obs_row(root_pos, root_rot, lin_vel, ang_vel, joint_vel, body_rot, key_pos, fut, wp.tid(), tb, obs)
 
 
 @wp.kernel
@@ -154,12 +154,7 @@ def _obs_adjoint(
     body_rot: wp.array2d(dtype=wp.mat33),
     key_pos: wp.array2d(dtype=wp.vec3),
     fut: wp.array2d(dtype=wp.int32),
-    t_points: wp.array2d(dtype=wp.vec3),
-    t_root_rot: wp.array(dtype=wp.mat33),
-    nb: int,
-    nj: int,
-    nk: int,
-    nref: int,
+    tb: _ObsTable,
     g: wp.array2d(dtype=wp.float32),  # [N, D] dL/dobs
     g_root_pos: wp.array(dtype=wp.vec3),  # out
     g_root_rot: wp.array(dtype=wp.mat33),  # out
@@ -193,34 +188,34 @@ def _obs_adjoint(
     gR0 = gR0 + wp.outer(gaw, w)
     g_ang_vel[i] = wp.transpose(R0) @ gaw
     o = 13
-    for b in range(nb):  # tn(Hi R_b)
+    for b in range(tb.nb):  # tn(Hi R_b)
         gMb = _get6(g, i, o + 6 * b)
         gHi = gHi + gMb @ wp.transpose(body_rot[i, b])
         g_body_rot[i, b] = HiT @ gMb
-    o = o + 6 * nb
-    for j in range(nj):
+    o = o + 6 * tb.nb
+    for j in range(tb.nj):
         g_joint_vel[i, j] = g[i, o + j]
-    o = o + nj
-    for k in range(nk):  # Hi (p_k - rp)
+    o = o + tb.nj
+    for k in range(tb.nk):  # Hi (p_k - rp)
         gy = _get3(g, i, o + 3 * k)
         gHi = gHi + wp.outer(gy, key_pos[i, k] - rp)
         gx = HiT @ gy
         g_key_pos[i, k] = gx
         grp = grp - gx
-    o = o + 3 * nk
-    for r in range(nref):
+    o = o + 3 * tb.nk
+    for r in range(tb.nref):
         f = fut[i, r]
         gy = _get3(g, i, o)
-        gHi = gHi + wp.outer(gy, t_points[f, 0] - rp)
+        gHi = gHi + wp.outer(gy, tb.points[f, 0] - rp)
         grp = grp - HiT @ gy
         gMr = _get6(g, i, o + 3)
-        gHi = gHi + gMr @ wp.transpose(t_root_rot[f])
-        o = o + 9 + 6 * nb  # the reference's own body orientations are constants
-        for k in range(nk):
+        gHi = gHi + gMr @ wp.transpose(tb.root_rot[f])
+        o = o + 9 + 6 * tb.nb  # the reference's own body orientations are constants
+        for k in range(tb.nk):
             gy = _get3(g, i, o + 3 * k)
-            gHi = gHi + wp.outer(gy, t_points[f, 1 + k] - rp)
+            gHi = gHi + wp.outer(gy, tb.points[f, 1 + k] - rp)
             grp = grp - HiT @ gy
-        o = o + 3 * nk
+        o = o + 3 * tb.nk
     # Hi = [[c, s, 0], [-s, c, 0], [0, 0, 1]] with (c, s) = (fx, fy) / sqrt(fx^2 + fy^2 + 1e-12)
     gc = gHi[0, 0] + gHi[1, 1]
     gs = gHi[0, 1] - gHi[1, 0]
@@ -255,12 +250,11 @@ class _Buffers:
         self.t = {name: wp.to_torch(a) for name, a in self.w.items()}
         self.gt = {name: wp.to_torch(a) for name, a in self.gw.items()}
         self.t_fut, self.t_obs, self.t_g_obs = wp.to_torch(self.fut), wp.to_torch(self.obs), wp.to_torch(self.g_obs)
-        w, tab = self.w, wo.table
-        sizes = [nb, nj, nk, k]
-        fwd = wp.launch(_obs_forward, dim=n, inputs=[*(w[x] for x in _IN), self.fut, *tab, *sizes],
+        w = self.w
+        fwd = wp.launch(_obs_forward, dim=n, inputs=[*(w[x] for x in _IN), self.fut, wo.table],
                         outputs=[self.obs], device=dev, record_cmd=True)
         no_jv = [w[x] for x in _IN if x != "joint_vel"]
-        bwd = wp.launch(_obs_adjoint, dim=n, inputs=[*no_jv, self.fut, tab[0], tab[1], *sizes, self.g_obs],
+        bwd = wp.launch(_obs_adjoint, dim=n, inputs=[*no_jv, self.fut, wo.table, self.g_obs],
                         outputs=[self.gw[x] for x in _IN], device=dev, record_cmd=True)
         # the forward reads and writes the caller's tensors (no copies in or out)
         self.forward = TensorLaunch(fwd, [*((x, w[x]) for x in _IN), ("fut", self.fut), ("obs", self.obs)], rows=True)
@@ -324,8 +318,11 @@ class WarpObservation(BucketPool):
         if tuple(table.points_w.shape) != (f, 1 + nk, 3) or tuple(table.body_rot6.shape) != (f, 6 * nb):
             raise ValueError(f"the reference table does not match nb = {nb}, nk = {nk}: points "
                              f"{list(table.points_w.shape)}, body_rot6 {list(table.body_rot6.shape)}")
-        self.table = [cpu_array(table.points_w, wp.vec3), cpu_array(table.root_rot_w, wp.mat33),
-                      cpu_array(table.body_rot6, wp.float32)]
+        tb = _ObsTable()
+        tb.points, tb.root_rot = cpu_array(table.points_w, wp.vec3), cpu_array(table.root_rot_w, wp.mat33)
+        tb.body_rot6 = cpu_array(table.body_rot6, wp.float32)
+        tb.nb, tb.nj, tb.nk, tb.nref = self.nb, self.nj, self.nk, self.ref_steps
+        self.table = tb  # the struct holds the arrays: they live as long as this object
         super().__init__()
 
     def make_buffers(self, rows: int) -> _Buffers:

@@ -27,7 +27,7 @@ import warp as wp
 
 from bcg.envs.warp_checks import _unstable_row
 from bcg.envs.warp_features import WarpKinematics, _fk_row, _Kin, bucket
-from bcg.envs.warp_observation import WarpObservation, _obs_row
+from bcg.envs.warp_observation import WarpObservation, _obs_row, _ObsTable
 from bcg.envs.warp_reward import _W, WarpTrackingReward, _metrics_row, _Ref, _reward_row, _Weights
 
 __all__ = ["StepOutputs", "WarpStepOutputs"]
@@ -51,14 +51,11 @@ def _step_outputs(
     kc: _Kin,  # the kinematics constants (WarpKinematics.consts)
     ref: _Ref,  # the reward's reference table
     W: _Weights,
-    t_points: wp.array2d(dtype=wp.vec3),  # the observation's reference table
-    t_root_rot: wp.array(dtype=wp.mat33),
-    t_body_rot6: wp.array2d(dtype=wp.float32),
+    tb: _ObsTable,  # the observation's reference table and sizes (WarpObservation.table)
     nb: int,
     nj: int,
     nk: int,
     nu: int,
-    nref: int,
     nq: int,
     nv: int,
     limit: float,  # the instability bounds (UnstableCheck)
@@ -97,10 +94,9 @@ def _step_outputs(
     reward[i] = _reward_row(joint_pos, joint_vel, key, root_pos, root_rot, lin_vel, ang_vel, actions, prev_actions,
                             i, fc, ref, W, nj, nk, nu, terms)
     m = _metrics_row(key, pos, i, fc, ref, nk, nb)
-    for r in range(nref):
+    for r in range(tb.nref):
         fut[i, r] = int(wp.clamp(fr + wp.int64(1 + r), wp.int64(0), last))
-    _obs_row(root_pos, root_rot, lin_vel, ang_vel, joint_vel, rot, key, fut, i, t_points, t_root_rot, t_body_rot6,
-             nb, nj, nk, nref, obs)
+    _obs_row(root_pos, root_rot, lin_vel, ang_vel, joint_vel, rot, key, fut, i, tb, obs)
     down = q[i, 2] < term_height
     term = down or m[0] > term_distance or unstable
     trunc = fr >= last or (max_steps >= wp.int64(0) and st >= max_steps)
@@ -204,8 +200,8 @@ class WarpStepOutputs:
         cmd = wp.launch(
             _step_outputs, dim=m,
             inputs=[t["q"], t["qd"], t["joint_pos"], t["joint_vel"], t["root_pos"], t["lin_vel"], t["ang_vel"],
-                    t["actions"], t["prev_actions"], t["frame0"], t["steps0"], kin.consts, wr.ref, W, *wo.table,
-                    nb, nj, nk, nu, k, nq, nv, limit, max_pos, max_qd, int(not math.isfinite(limit)), height,
+                    t["actions"], t["prev_actions"], t["frame0"], t["steps0"], kin.consts, wr.ref, W, wo.table,
+                    nb, nj, nk, nu, nq, nv, limit, max_pos, max_qd, int(not math.isfinite(limit)), height,
                     distance, wp.int64(max_steps), wp.int64(self.num_frames), *scratch],
             outputs=[*(t[x] for x in _OUTPUTS), self._counts], device=dev, record_cmd=True)
         run = self._launches[key] = TensorLaunch(cmd, [(x, t[x]) for x in _BOUND], rows=True,
