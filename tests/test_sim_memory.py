@@ -175,6 +175,56 @@ def test_relocated_launches_equal_warp_packing(g1_model) -> None:
         assert _packed_bytes(pm) == _packed_bytes(pb)
 
 
+def test_relocated_calls_compute_what_the_sets_own_launches_compute(g1_model) -> None:
+    """``Relocatable.calls`` (the callables the bridge runs for a new set: one moved copy of the structs, no struct
+    objects) writes into set B exactly the bytes that Warp's own packing of B's launches writes, forward and
+    adjoint."""
+    model_arrays(g1_model)
+    n = 3
+    a, b = (StepArrays(g1_model, n, requires_grad=True, grads="pooled") for _ in range(2))
+    ga, gb = (GradArrays(a.layout, g1_model.device) for _ in range(2))
+    q, qd, targets = _inputs(g1_model, n, 1, seed=5)
+
+    def run(launches) -> None:
+        b.reset_for_reuse()
+        for dst, src in ((b.q[0], q), (b.qd[0], qd), (b.targets, targets[:, 0])):
+            wp.copy(dst, wp.from_torch(src.contiguous()))
+        for launch in launches:
+            launch()
+
+    def adjoint(arrs, grads):
+        arrs.attach_grads(grads)
+        try:
+            return [pack(c) for c in bridge._recorded(g1_model, arrs, adjoint=True)]
+        finally:
+            arrs.attach_grads(None)
+
+    moved = Relocatable([pack(c) for c in bridge._recorded(g1_model, a, adjoint=False)],
+                        [(a.ptr, a.layout.nbytes)]).calls([b.ptr - a.ptr])
+    own = [p.call for p in (pack(c) for c in bridge._recorded(g1_model, b, adjoint=False))]
+    results = []
+    for launches in (moved, own):
+        run(launches)
+        results.append(b.buffer.numpy().copy())
+    np.testing.assert_array_equal(results[0], results[1])
+    assert np.isfinite(results[0]).all() and np.abs(results[0]).sum() > 0
+
+    ranges = [(a.ptr, a.layout.nbytes), (ga.ptr, ga.nbytes)]
+    moved = Relocatable(adjoint(a, ga), ranges).calls([b.ptr - a.ptr, gb.ptr - ga.ptr])
+    own = [p.call for p in adjoint(b, gb)]
+    grads = []  # on the forward values the last run left in B
+    for launches in (moved, own):
+        gb.zero()
+        gview = bridge._grad_views(gb)
+        for g in gview["g_in"]:
+            g.fill_(0.25)
+        for launch in launches:
+            launch()
+        grads.append(gb.buffer.numpy().copy())
+    np.testing.assert_array_equal(grads[0], grads[1])
+    assert np.abs(grads[0]).sum() > 0
+
+
 def test_first_rollout_packs_one_set_per_shape(g1_model, monkeypatch) -> None:
     """A fresh pool's first gradient rollout records and packs the launches of one array set per block shape
     (32 forward + 32 adjoint launches); the other sets' launches are relocated from it."""

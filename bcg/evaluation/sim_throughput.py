@@ -11,7 +11,10 @@ Per N (``--sizes``), a rollout is 32 control steps x 4 substeps from the standin
   ``fwd/mj`` and ``(fwd+bwd)/mj`` are our times over MuJoCo's;
 * ``kept``: bytes held for the backward at the end of the forward (the Warp arrays' values; with ``checkpoint``
   only the step inputs; the pooled gradient sets a backward runs on, one per thread block, are printed in the
-  ratios block), and the process' peak resident memory.
+  ratios block), and the process' peak resident memory;
+* ``touch/warm``: :func:`first_touch_time` of the kept bytes over the warm gradient rollout: what the first
+  rollout pays the operating system for its new pages alone, so ``first/warm`` cannot be below ``1 + touch/warm``
+  on this machine.
 
 Then the ratios block at ``--ratio-n`` (default 64), every pair timed alternately in the same run:
 
@@ -47,7 +50,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-__all__ = ["env_rate", "env_sim_interleaved", "main", "markdown", "rollout_time", "sim_rate"]
+__all__ = ["env_rate", "env_sim_interleaved", "first_touch_time", "main", "markdown", "rollout_time", "sim_rate"]
 
 
 def _device(model) -> torch.device:
@@ -88,6 +91,30 @@ def rollout_time(model, n: int, steps: int, grad: bool, **options: object) -> tu
                 (q[:, 2].sum() + q[:, 7:].sum()).backward()
         _sync(dev)
     return time.perf_counter() - t0, kept
+
+
+def first_touch_time(nbytes: int, threads: int, tries: int = 3) -> float:
+    """Seconds that writing ``nbytes`` of memory the process has never touched costs beyond writing it again: the
+    operating system's share of a first gradient rollout, which faults in the pages of every array it keeps for the
+    backward. Split over ``threads`` threads as the rollout's blocks are (torch's ``zero_`` releases the GIL); each
+    part is a fresh allocation (over glibc's mmap threshold, so new pages), written twice.
+
+    The best of ``tries``: on a virtual machine, a page the guest has never used before also faults in the host
+    (several times slower); the later tries reuse the pages the earlier ones gave back, so the best is the guest
+    kernel's own cost, the part no allocation strategy inside the process avoids."""
+    from bcg.sim.execution import parallel
+
+    best = float("inf")
+    for _ in range(max(1, tries)):
+        parts = [torch.empty(-(-nbytes // threads), dtype=torch.uint8) for _ in range(threads)]
+        times = []
+        for _ in range(2):
+            t0 = time.perf_counter()
+            parallel([lambda b=b: b.zero_() for b in parts])
+            times.append(time.perf_counter() - t0)
+        best = min(best, max(0.0, times[0] - times[1]))
+        del parts
+    return best
 
 
 def sim_rate(model, n: int, steps: int, grad: bool, repeats: int, **options: object) -> float:
@@ -332,7 +359,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(max(1, args.torch_threads))
 
     from bcg.sim import load_model
-    from bcg.sim.execution import available_cores, execution_options
+    from bcg.sim.execution import available_cores, execution_options, thread_count
 
     cuda = args.device.startswith("cuda")
     sizes = args.sizes or ([1024, 4096, 8192] if cuda else [16, 64, 256])
@@ -344,7 +371,8 @@ def main(argv: list[str] | None = None) -> dict:
           f"device {args.device}, torch threads {torch.get_num_threads()}, sim threads "
           f"{opts.threads or f'auto ({available_cores()} cores)'}, checkpoint {opts.checkpoint}", flush=True)
     rollout_time(model, 2, 2, grad=True)  # load the kernels outside the timings
-    print(f"{'N':>6} {'fwd [s]':>8} {'fwd+bwd [s]':>11} {'first [s]':>9} {'first/warm':>10} {'kept [MiB]':>10} "
+    print(f"{'N':>6} {'fwd [s]':>8} {'fwd+bwd [s]':>11} {'first [s]':>9} {'first/warm':>10} {'touch/warm':>10} "
+          f"{'kept [MiB]':>10} "
           f"{'RSS [GiB]':>9} {'mujoco [s]':>10} {'fwd/mj':>6} {'(f+b)/mj':>8} {'fwd substeps/s':>14} "
           f"{'f+b substeps/s':>14}")
     results = []
@@ -361,12 +389,15 @@ def main(argv: list[str] | None = None) -> dict:
         t = _alternate(fns, args.repeats)
         fwd, both, mj = t["fwd"], t.get("both", nan), t.get("mj", nan)
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        touch = first_touch_time(kept, thread_count(opts, n, args.device)) if kept and not cuda else nan
         row = dict(n=n, fwd_s=fwd, fwd_bwd_s=both, first_fwd_bwd_s=first, first_over_warm=first / both,
-                   kept_mib=kept / 2**20, peak_rss_gib=rss, mujoco_s=mj, fwd_over_mujoco=fwd / mj,
+                   touch_over_warm=touch / both, kept_mib=kept / 2**20, peak_rss_gib=rss, mujoco_s=mj,
+                   fwd_over_mujoco=fwd / mj,
                    fwd_bwd_over_mujoco=both / mj, fwd_substeps_per_s=n * sub / fwd,
                    fwd_bwd_substeps_per_s=n * sub / both)
         results.append(row)
-        print(f"{n:>6} {fwd:>8.3f} {both:>11.3f} {first:>9.3f} {first / both:>10.2f} {kept / 2**20:>10.0f} "
+        print(f"{n:>6} {fwd:>8.3f} {both:>11.3f} {first:>9.3f} {first / both:>10.2f} {touch / both:>10.2f} "
+              f"{kept / 2**20:>10.0f} "
               f"{rss:>9.2f} {mj:>10.3f} {fwd / mj:>6.2f} {both / mj:>8.2f} {n * sub / fwd:>14.3g} "
               f"{n * sub / both:>14.3g}", flush=True)
     out: dict = dict(device=args.device, steps=args.steps, substeps=p.substeps, dt=p.dt, results=results)
@@ -444,11 +475,13 @@ def main(argv: list[str] | None = None) -> dict:
 
 def markdown(out: dict) -> str:
     """The README's throughput table (and its ratio line) from the results of :func:`main`."""
-    lines = ["| N | forward [s] | forward + backward [s] | first gradient rollout [s] | kept for backward [MiB] | "
-             "MuJoCo `mj_step`, same steps [s] | forward / MuJoCo | (forward + backward) / MuJoCo |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| N | forward [s] | forward + backward [s] | first gradient rollout [s] | first / warm (new pages "
+             "alone) | kept for backward [MiB] | MuJoCo `mj_step`, same steps [s] | forward / MuJoCo | "
+             "(forward + backward) / MuJoCo |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in out["results"]:
         lines.append(f"| {r['n']} | {r['fwd_s']:.3f} | {r['fwd_bwd_s']:.3f} | {r['first_fwd_bwd_s']:.2f} | "
+                     f"{r['first_over_warm']:.2f} (1 + {r.get('touch_over_warm', float('nan')):.2f}) | "
                      f"{r['kept_mib']:.0f} | {r['mujoco_s']:.3f} | {r['fwd_over_mujoco']:.2f} | "
                      f"{r['fwd_bwd_over_mujoco']:.2f} |")
     r = out.get("ratios")

@@ -223,7 +223,7 @@ def _record(model: SimModel, arrs: StepArrays) -> list[Callable[[], None]]:
     template = model.warp.templates.get(key) if arrs.own_grads is None else None
     if template is not None:
         (base,), reloc = template
-        out = [p.call for p in reloc.at([arrs.ptr - base])]
+        out = reloc.calls([arrs.ptr - base])
     else:
         cmds = _recorded(model, arrs, adjoint=False)
         if arrs.own_grads is None:
@@ -246,7 +246,7 @@ def _adjoint(model: SimModel, arrs: StepArrays, grads: GradArrays) -> list[Calla
     template = model.warp.templates.get(key)
     if template is not None:
         (vbase, gbase), reloc = template
-        out = [p.call for p in reloc.at([arrs.ptr - vbase, grads.ptr - gbase])]
+        out = reloc.calls([arrs.ptr - vbase, grads.ptr - gbase])
     else:
         arrs.attach_grads(grads)
         try:

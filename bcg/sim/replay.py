@@ -120,16 +120,39 @@ class Relocatable:
         values = np.frombuffer(self._blob, dtype=np.int64)[index]
         self._picks = [index[(values >= start) & (values < start + size)] for start, size in ranges]
 
-    def at(self, deltas: Sequence[int]) -> list[PackedLaunch]:
-        """The launches on the arrays moved by ``deltas`` (bytes, one per range)."""
+    def _moved(self, deltas: Sequence[int]) -> ctypes.Array:
+        """A copy of the structs' bytes with the pointers in range ``j`` moved by ``deltas[j]``."""
         if len(deltas) != self.n_ranges:
             raise ValueError(f"expected {self.n_ranges} deltas, got {len(deltas)}")
-        buf = bytearray(self._blob)  # the structs below are views of it and keep it alive
+        buf = (ctypes.c_char * len(self._blob)).from_buffer_copy(self._blob)
         words = np.frombuffer(buf, dtype=np.int64)
         for idx, d in zip(self._picks, deltas):
             if d and idx.size:
                 words[idx] += d
-        del words  # release numpy's export of the buffer
+        return buf
+
+    def calls(self, deltas: Sequence[int]) -> list[Callable[[], None]]:
+        """The launches on the arrays moved by ``deltas`` (bytes, one per range), as zero-argument callables.
+
+        The same calls as :meth:`at`'s, without building a ctypes struct per launch: each callable passes the
+        kernel pointers into one moved copy of the structs (``ctypes.byref`` with an offset, which keeps the copy
+        alive). This is what a new array set pays in the calling thread while the blocks wait: about 15 us per
+        control step's launches, against 0.2 ms for :meth:`at`.
+        """
+        buf = self._moved(deltas)
+        byref, partial = ctypes.byref, functools.partial
+        out = []
+        for hook, bounds, args, adj in self._slots:
+            if adj is None:
+                out.append(partial(hook, byref(bounds), byref(buf, args[1])))
+            else:
+                out.append(partial(hook, byref(bounds), byref(buf, args[1]), byref(buf, adj[1])))
+        return out
+
+    def at(self, deltas: Sequence[int]) -> list[PackedLaunch]:
+        """The launches on the arrays moved by ``deltas`` (bytes, one per range), as :class:`PackedLaunch` structs
+        (to inspect them; :meth:`calls` is the cheaper way to run them)."""
+        buf = self._moved(deltas)  # the structs below are views of it and keep it alive
         out = []
         for hook, bounds, args, adj in self._slots:
             out.append(PackedLaunch(hook, bounds, args[0].from_buffer(buf, args[1]),
