@@ -13,7 +13,7 @@ def test_bench_prints_every_ratio(capsys: pytest.CaptureFixture[str]) -> None:
     text = capsys.readouterr().out
     row = out["results"][0]
     assert row["n"] == 4 and row["fwd_s"] > 0 and row["fwd_bwd_s"] > 0 and row["first_fwd_bwd_s"] > 0
-    assert 0 <= row["touch_over_warm"] < float("inf")
+    assert 0 <= row["guest_pages_over_warm"] <= row["pages_over_warm"] < float("inf")
     r = out["ratios"]
     for key in ("threads_fwd", "threads_fwd_bwd", "processes_fwd", "processes_fwd_bwd", "one_thread_fwd_over_mujoco",
                 "one_thread_fwd_bwd_over_mujoco",
@@ -33,5 +33,5 @@ def test_first_touch_time_is_the_extra_cost_of_new_pages() -> None:
     from bcg.evaluation.sim_throughput import first_touch_time
 
     for threads in (1, 2):
-        t = first_touch_time(64 * 2**20, threads)
-        assert 0 < t < 1.0, (threads, t)
+        first, best = first_touch_time(64 * 2**20, threads)
+        assert 0 < best <= first < 1.0, (threads, first, best)
