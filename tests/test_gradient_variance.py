@@ -64,14 +64,19 @@ def test_per_env_gradients_equal_the_gradients_computed_env_by_env(jump) -> None
 
 
 def test_identical_environments_have_zero_variance_and_estimator_noise_shows(jump) -> None:
-    """Copies of one start state without jitter: bptt gives identical gradients (V = 0 exactly); grs draws its own
-    perturbations per copy, so its V is positive (the statistic sees estimator noise; measured V / |mean g|^2 =
-    0.14 with B = 2 over 4 steps)."""
+    """Copies of one start state without jitter: bptt gives the same gradient on every copy up to float32 rounding
+    (V / |mean g|^2 = 1.2e-14, rows within 2.5e-7 of the largest entry, measured on an AVX-512 CPU: torch computes
+    the last few entries of an element-wise ``atanh`` on its scalar path, the others on its vector path, so the last
+    row's action differs from the first's in the last bit; earlier CI machines gave bit-for-bit equal copies);
+    grs draws its own perturbations per copy, so its V is of the order of the gradient itself (the statistic sees
+    estimator noise; measured V / |mean g|^2 = 0.14 with B = 2 over 4 steps)."""
     env, policy = jump
     start = jittered_copies(start_states(env, 3, 1, 4), 4, 0.0, seed=3)
     theta0 = policy.initial_theta(4)
     plain = estimator_gradients(env, make_estimator("bptt"), policy, theta0, start, 4, seed=0)
-    assert summed_variance(plain.grads) == 0.0
+    g = plain.grads
+    assert summed_variance(g) <= 1e-13 * float((g.mean(0) ** 2).sum())
+    torch.testing.assert_close(g, g[:1].expand_as(g), rtol=0, atol=1e-6 * float(g[0].abs().max()))
     noisy = estimator_gradients(env, make_estimator("grs:branches=2"), policy, theta0, start, 4, seed=0)
     assert summed_variance(noisy.grads) > 0.02 * float((noisy.grads.mean(0) ** 2).sum())
     assert noisy.stats["envs_triggered"] == 16 and noisy.stats["branches_simulated"] == 32
