@@ -147,6 +147,15 @@ def _packed_bytes(launch) -> tuple[bytes, bytes | None]:
     return bytes(launch.args), None if launch.adj_args is None else bytes(launch.adj_args)
 
 
+def _packed_adjoint(model, arrs, grads) -> list:
+    """The packed adjoint launches of ``arrs`` recorded with ``grads`` as the arrays' ``.grad``."""
+    arrs.attach_grads(grads)
+    try:
+        return [pack(c) for c in bridge._recorded(model, arrs, adjoint=True)]
+    finally:
+        arrs.attach_grads(None)
+
+
 def test_relocated_launches_equal_warp_packing(g1_model) -> None:
     """Relocating set A's packed structs to set B gives byte for byte the structs Warp packs for B itself (forward,
     and the adjoint with B's own gradient set attached as the arrays' ``.grad``)."""
@@ -162,16 +171,9 @@ def test_relocated_launches_equal_warp_packing(g1_model) -> None:
         assert _packed_bytes(pm) == _packed_bytes(pb)
         assert _packed_bytes(pa) != _packed_bytes(pb)  # the sets really are at different addresses
 
-    def adjoint(arrs, grads):
-        arrs.attach_grads(grads)
-        try:
-            return [pack(c) for c in bridge._recorded(g1_model, arrs, adjoint=True)]
-        finally:
-            arrs.attach_grads(None)
-
     ranges = [(a.ptr, a.layout.nbytes), (ga.ptr, ga.nbytes)]
-    moved = Relocatable(adjoint(a, ga), ranges).at([b.ptr - a.ptr, gb.ptr - ga.ptr])
-    for pb, pm in zip(adjoint(b, gb), moved, strict=True):
+    moved = Relocatable(_packed_adjoint(g1_model, a, ga), ranges).at([b.ptr - a.ptr, gb.ptr - ga.ptr])
+    for pb, pm in zip(_packed_adjoint(g1_model, b, gb), moved, strict=True):
         assert _packed_bytes(pm) == _packed_bytes(pb)
 
 
@@ -192,13 +194,6 @@ def test_relocated_calls_compute_what_the_sets_own_launches_compute(g1_model) ->
         for launch in launches:
             launch()
 
-    def adjoint(arrs, grads):
-        arrs.attach_grads(grads)
-        try:
-            return [pack(c) for c in bridge._recorded(g1_model, arrs, adjoint=True)]
-        finally:
-            arrs.attach_grads(None)
-
     moved = Relocatable([pack(c) for c in bridge._recorded(g1_model, a, adjoint=False)],
                         [(a.ptr, a.layout.nbytes)]).calls([b.ptr - a.ptr])
     own = [p.call for p in (pack(c) for c in bridge._recorded(g1_model, b, adjoint=False))]
@@ -211,8 +206,8 @@ def test_relocated_calls_compute_what_the_sets_own_launches_compute(g1_model) ->
     assert torch.isfinite(outputs[0]).all() and not torch.equal(outputs[0], q)  # the step really ran
 
     ranges = [(a.ptr, a.layout.nbytes), (ga.ptr, ga.nbytes)]
-    moved = Relocatable(adjoint(a, ga), ranges).calls([b.ptr - a.ptr, gb.ptr - ga.ptr])
-    own = [p.call for p in adjoint(b, gb)]
+    moved = Relocatable(_packed_adjoint(g1_model, a, ga), ranges).calls([b.ptr - a.ptr, gb.ptr - ga.ptr])
+    own = [p.call for p in _packed_adjoint(g1_model, b, gb)]
     grads = []  # on the forward values the last run left in B
     for launches in (moved, own):
         gb.zero()
