@@ -260,6 +260,42 @@ def _gather_views(src: wp.array2d(dtype=wp.float32), v: wp.array(dtype=wp.vec3),
     out[i, 3] = tail[i, 0] + tail[i, 1] + src[i, 0]
 
 
+@wp.struct
+class _Pair:
+    scale: float
+    a: wp.array(dtype=wp.float32)
+    b: wp.array(dtype=wp.vec3)
+
+
+@wp.kernel
+def _pair_sum(p: _Pair, out: wp.array(dtype=wp.float32)):
+    i = wp.tid()
+    v = p.b[i]
+    out[i] = p.scale * p.a[i] + v[0] + v[1] + v[2]
+
+
+def test_tensor_launch_binds_the_array_fields_of_a_struct_argument() -> None:
+    """``"arg.field"`` rebinds an array field of a Warp struct argument (rows of a wider tensor included); the
+    struct's other fields keep their recorded values, and a name that is not an array field is refused."""
+    from bcg.sim.replay import TensorLaunch
+
+    p = _Pair()
+    p.scale, p.a, p.b = 3.0, wp.zeros(6, dtype=wp.float32, device="cpu"), wp.zeros(6, dtype=wp.vec3, device="cpu")
+    to = wp.zeros(6, dtype=wp.float32, device="cpu")
+    cmd = wp.launch(_pair_sum, dim=6, inputs=[p], outputs=[to], device="cpu", record_cmd=True)
+    run = TensorLaunch(cmd, [("p.a", p.a), ("p.b", p.b), ("out", to)], rows=True)
+    g = torch.Generator().manual_seed(1)
+    for n in (6, 4):
+        a, b = torch.randn(n, generator=g), torch.randn(n, 5, generator=g)[:, 1:4]
+        out = torch.empty(n)
+        run(a, b, out)
+        torch.testing.assert_close(out, 3.0 * a + b.sum(1), rtol=1e-6, atol=1e-6)
+    assert not wp.to_torch(to).any()
+    for name in ("p.scale", "p.c", "q.a"):
+        with pytest.raises(ValueError, match="not an array argument"):
+            TensorLaunch(cmd, [(name, p.a)])
+
+
 def test_tensor_launch_points_at_the_given_tensors_and_checks_their_layout() -> None:
     """TensorLaunch runs the kernel on the tensors of each call (no copies; strided views included), leaves
     unnamed arguments as recorded, and refuses a tensor of another shape, dtype or element layout before the

@@ -27,7 +27,7 @@ from torch.autograd.function import once_differentiable
 from bcg.motion.features import FeatureFn, Features
 from bcg.sim.model import SimModel
 
-__all__ = ["BucketPool", "WarpFeatureFn", "WarpKinematics", "bucket", "cpu_array", "head"]
+__all__ = ["BucketPool", "WarpFeatureFn", "WarpKinematics", "bucket", "cpu_array", "head", "struct_of"]
 
 # the kernels' adjoints are written by hand below: Warp's generated ones would only cost compile time
 wp.set_module_options({"enable_backward": False})
@@ -64,6 +64,14 @@ class BucketPool:
 def cpu_array(x: torch.Tensor, dtype: Any) -> wp.array:
     """A CPU Warp array of ``dtype`` (``wp.float32``, ``wp.vec3``, ``wp.mat33``, ...): a float32 copy of ``x``."""
     return wp.array(x.detach().to("cpu", torch.float32).contiguous().numpy(), dtype=dtype, device="cpu")
+
+
+def struct_of(cls: type, arrays: dict[str, wp.array]) -> Any:
+    """An instance of the Warp struct ``cls`` whose fields are ``arrays`` (by name)."""
+    out = cls()
+    for name, a in arrays.items():
+        setattr(out, name, a)
+    return out
 
 
 def head(t: torch.Tensor, n: int) -> torch.Tensor:

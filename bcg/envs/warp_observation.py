@@ -19,7 +19,7 @@ import warp as wp
 from torch.autograd.function import once_differentiable
 
 from bcg.envs.observations import ReferenceTable
-from bcg.envs.warp_features import BucketPool, cpu_array, head
+from bcg.envs.warp_features import BucketPool, cpu_array, head, struct_of
 from bcg.motion.features import Features
 
 __all__ = ["WarpObservation"]
@@ -129,46 +129,43 @@ def _obs_row(
         o = o + 3 * tb.nk
 
 
+@wp.struct
+class _ObsRows:
+    """The observation's per-row inputs (N rows), or their gradients."""
+
+    root_pos: wp.array(dtype=wp.vec3)  # [N] world [m]
+    root_rot: wp.array(dtype=wp.mat33)  # [N]
+    lin_vel: wp.array(dtype=wp.vec3)  # [N] world [m/s]
+    ang_vel: wp.array(dtype=wp.vec3)  # [N] body [rad/s]
+    joint_vel: wp.array2d(dtype=wp.float32)  # [N, nj] [rad/s] (the adjoint does not read it: obs is linear in it)
+    body_rot: wp.array2d(dtype=wp.mat33)  # [N, nb]
+    key_pos: wp.array2d(dtype=wp.vec3)  # [N, nk] world [m]
+
+
 @wp.kernel
 def _obs_forward(
-    root_pos: wp.array(dtype=wp.vec3),
-    root_rot: wp.array(dtype=wp.mat33),
-    lin_vel: wp.array(dtype=wp.vec3),
-    ang_vel: wp.array(dtype=wp.vec3),
-    joint_vel: wp.array2d(dtype=wp.float32),
-    body_rot: wp.array2d(dtype=wp.mat33),
-    key_pos: wp.array2d(dtype=wp.vec3),
+    rows: _ObsRows,
     fut: wp.array2d(dtype=wp.int32),
     tb: _ObsTable,
     obs: wp.array2d(dtype=wp.float32),  # [N, D] out
 ):
-    _obs_row(root_pos, root_rot, lin_vel, ang_vel, joint_vel, body_rot, key_pos, fut, wp.tid(), tb, obs)
+    _obs_row(rows.root_pos, rows.root_rot, rows.lin_vel, rows.ang_vel, rows.joint_vel, rows.body_rot, rows.key_pos,
+             fut, wp.tid(), tb, obs)
 
 
 @wp.kernel
 def _obs_adjoint(
-    root_pos: wp.array(dtype=wp.vec3),
-    root_rot: wp.array(dtype=wp.mat33),
-    lin_vel: wp.array(dtype=wp.vec3),
-    ang_vel: wp.array(dtype=wp.vec3),
-    body_rot: wp.array2d(dtype=wp.mat33),
-    key_pos: wp.array2d(dtype=wp.vec3),
+    rows: _ObsRows,
     fut: wp.array2d(dtype=wp.int32),
     tb: _ObsTable,
     g: wp.array2d(dtype=wp.float32),  # [N, D] dL/dobs
-    g_root_pos: wp.array(dtype=wp.vec3),  # out
-    g_root_rot: wp.array(dtype=wp.mat33),  # out
-    g_lin_vel: wp.array(dtype=wp.vec3),  # out
-    g_ang_vel: wp.array(dtype=wp.vec3),  # out
-    g_joint_vel: wp.array2d(dtype=wp.float32),  # out
-    g_body_rot: wp.array2d(dtype=wp.mat33),  # out
-    g_key_pos: wp.array2d(dtype=wp.vec3),  # out
+    g_rows: _ObsRows,  # out: the gradients of every input
 ):
     i = wp.tid()
-    R0 = root_rot[i]
+    R0 = rows.root_rot[i]
     Hi = _heading_inverse(R0)
     HiT = wp.transpose(Hi)
-    rp = root_pos[i]
+    rp = rows.root_pos[i]
     gHi = wp.mat33(0.0)
     gR0 = wp.mat33(0.0)
     grp = wp.vec3(0.0, 0.0, g[i, 0])
@@ -178,29 +175,29 @@ def _obs_adjoint(
     gR0 = gR0 + HiT @ gM
     # root velocities: Hi v and Hi (R0 w)
     gl = _get3(g, i, 7)
-    v = lin_vel[i]
+    v = rows.lin_vel[i]
     gHi = gHi + wp.outer(gl, v)
-    g_lin_vel[i] = HiT @ gl
+    g_rows.lin_vel[i] = HiT @ gl
     ga = _get3(g, i, 10)
-    w = ang_vel[i]
+    w = rows.ang_vel[i]
     gHi = gHi + wp.outer(ga, R0 @ w)
     gaw = HiT @ ga
     gR0 = gR0 + wp.outer(gaw, w)
-    g_ang_vel[i] = wp.transpose(R0) @ gaw
+    g_rows.ang_vel[i] = wp.transpose(R0) @ gaw
     o = 13
     for b in range(tb.nb):  # tn(Hi R_b)
         gMb = _get6(g, i, o + 6 * b)
-        gHi = gHi + gMb @ wp.transpose(body_rot[i, b])
-        g_body_rot[i, b] = HiT @ gMb
+        gHi = gHi + gMb @ wp.transpose(rows.body_rot[i, b])
+        g_rows.body_rot[i, b] = HiT @ gMb
     o = o + 6 * tb.nb
     for j in range(tb.nj):
-        g_joint_vel[i, j] = g[i, o + j]
+        g_rows.joint_vel[i, j] = g[i, o + j]
     o = o + tb.nj
     for k in range(tb.nk):  # Hi (p_k - rp)
         gy = _get3(g, i, o + 3 * k)
-        gHi = gHi + wp.outer(gy, key_pos[i, k] - rp)
+        gHi = gHi + wp.outer(gy, rows.key_pos[i, k] - rp)
         gx = HiT @ gy
-        g_key_pos[i, k] = gx
+        g_rows.key_pos[i, k] = gx
         grp = grp - gx
     o = o + 3 * tb.nk
     for r in range(tb.nref):
@@ -225,8 +222,8 @@ def _obs_adjoint(
     gfx = gc * (1.0 / n - fx * fx / n3) - gs * (fx * fy / n3)
     gfy = gs * (1.0 / n - fy * fy / n3) - gc * (fx * fy / n3)
     gR0 = gR0 + wp.mat33(gfx, 0.0, 0.0, gfy, 0.0, 0.0, 0.0, 0.0, 0.0)
-    g_root_rot[i] = gR0
-    g_root_pos[i] = grp
+    g_rows.root_rot[i] = gR0
+    g_rows.root_pos[i] = grp
 
 
 _IN = ("root_pos", "root_rot", "lin_vel", "ang_vel", "joint_vel", "body_rot", "key_pos")
@@ -251,13 +248,13 @@ class _Buffers:
         self.gt = {name: wp.to_torch(a) for name, a in self.gw.items()}
         self.t_fut, self.t_obs, self.t_g_obs = wp.to_torch(self.fut), wp.to_torch(self.obs), wp.to_torch(self.g_obs)
         w = self.w
-        fwd = wp.launch(_obs_forward, dim=n, inputs=[*(w[x] for x in _IN), self.fut, wo.table],
+        fwd = wp.launch(_obs_forward, dim=n, inputs=[struct_of(_ObsRows, w), self.fut, wo.table],
                         outputs=[self.obs], device=dev, record_cmd=True)
-        no_jv = [w[x] for x in _IN if x != "joint_vel"]
-        bwd = wp.launch(_obs_adjoint, dim=n, inputs=[*no_jv, self.fut, wo.table, self.g_obs],
-                        outputs=[self.gw[x] for x in _IN], device=dev, record_cmd=True)
+        bwd = wp.launch(_obs_adjoint, dim=n, inputs=[struct_of(_ObsRows, w), self.fut, wo.table, self.g_obs],
+                        outputs=[struct_of(_ObsRows, self.gw)], device=dev, record_cmd=True)
         # the forward reads and writes the caller's tensors (no copies in or out)
-        self.forward = TensorLaunch(fwd, [*((x, w[x]) for x in _IN), ("fut", self.fut), ("obs", self.obs)], rows=True)
+        self.forward = TensorLaunch(fwd, [*(("rows." + x, w[x]) for x in _IN), ("fut", self.fut), ("obs", self.obs)],
+                                    rows=True)
         self.backward = prepack(bwd)
 
 

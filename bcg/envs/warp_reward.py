@@ -21,7 +21,7 @@ import warp as wp
 from torch.autograd.function import once_differentiable
 
 from bcg.envs.rewards import StepContext, TrackingReward
-from bcg.envs.warp_features import BucketPool, cpu_array, head
+from bcg.envs.warp_features import BucketPool, cpu_array, head, struct_of
 from bcg.motion.features import Features
 
 __all__ = ["WarpTrackingReward"]
@@ -131,17 +131,24 @@ def _reward_row(
     return e0 + e1 + e2 + e3 + e4 + e5
 
 
+@wp.struct
+class _RewardRows:
+    """The reward's per-row inputs (N rows): the simulated features and the actions, or their gradients."""
+
+    joint_pos: wp.array2d(dtype=wp.float32)  # [N, nj] [rad]
+    joint_vel: wp.array2d(dtype=wp.float32)  # [N, nj] [rad/s]
+    key_pos: wp.array2d(dtype=wp.vec3)  # [N, nk] world [m]
+    root_pos: wp.array(dtype=wp.vec3)  # [N] [m]
+    root_rot: wp.array(dtype=wp.mat33)  # [N]
+    lin_vel: wp.array(dtype=wp.vec3)  # [N] world [m/s]
+    ang_vel: wp.array(dtype=wp.vec3)  # [N] body [rad/s]
+    actions: wp.array2d(dtype=wp.float32)  # [N, nu]
+    prev_actions: wp.array2d(dtype=wp.float32)  # [N, nu]
+
+
 @wp.kernel
 def _reward_forward(
-    joint_pos: wp.array2d(dtype=wp.float32),
-    joint_vel: wp.array2d(dtype=wp.float32),
-    key_pos: wp.array2d(dtype=wp.vec3),
-    root_pos: wp.array(dtype=wp.vec3),
-    root_rot: wp.array(dtype=wp.mat33),
-    lin_vel: wp.array(dtype=wp.vec3),
-    ang_vel: wp.array(dtype=wp.vec3),
-    actions: wp.array2d(dtype=wp.float32),
-    prev_actions: wp.array2d(dtype=wp.float32),
+    rows: _RewardRows,
     frame: wp.array(dtype=wp.int32),  # [N] reference frame (already clamped)
     ref: _Ref,
     W: _Weights,
@@ -152,21 +159,13 @@ def _reward_forward(
     reward: wp.array(dtype=wp.float32),  # [N] out
 ):
     i = wp.tid()
-    reward[i] = _reward_row(joint_pos, joint_vel, key_pos, root_pos, root_rot, lin_vel, ang_vel, actions,
-                            prev_actions, i, frame[i], ref, W, nj, nk, nu, terms)
+    reward[i] = _reward_row(rows.joint_pos, rows.joint_vel, rows.key_pos, rows.root_pos, rows.root_rot, rows.lin_vel,
+                            rows.ang_vel, rows.actions, rows.prev_actions, i, frame[i], ref, W, nj, nk, nu, terms)
 
 
 @wp.kernel
 def _reward_adjoint(
-    joint_pos: wp.array2d(dtype=wp.float32),
-    joint_vel: wp.array2d(dtype=wp.float32),
-    key_pos: wp.array2d(dtype=wp.vec3),
-    root_pos: wp.array(dtype=wp.vec3),
-    root_rot: wp.array(dtype=wp.mat33),
-    lin_vel: wp.array(dtype=wp.vec3),
-    ang_vel: wp.array(dtype=wp.vec3),
-    actions: wp.array2d(dtype=wp.float32),
-    prev_actions: wp.array2d(dtype=wp.float32),
+    rows: _RewardRows,
     frame: wp.array(dtype=wp.int32),
     ref: _Ref,
     W: _Weights,
@@ -175,15 +174,7 @@ def _reward_adjoint(
     nu: int,
     terms: wp.array2d(dtype=wp.float32),  # [N, 6] the forward's weighted exponentials
     g_reward: wp.array(dtype=wp.float32),  # [N] dL/dreward
-    g_joint_pos: wp.array2d(dtype=wp.float32),  # out
-    g_joint_vel: wp.array2d(dtype=wp.float32),  # out
-    g_key_pos: wp.array2d(dtype=wp.vec3),  # out
-    g_root_pos: wp.array(dtype=wp.vec3),  # out
-    g_root_rot: wp.array(dtype=wp.mat33),  # out
-    g_lin_vel: wp.array(dtype=wp.vec3),  # out
-    g_ang_vel: wp.array(dtype=wp.vec3),  # out
-    g_actions: wp.array2d(dtype=wp.float32),  # out
-    g_prev_actions: wp.array2d(dtype=wp.float32),  # out
+    g_rows: _RewardRows,  # out: the gradients of every input
 ):
     i = wp.tid()
     f = frame[i]
@@ -192,33 +183,33 @@ def _reward_adjoint(
     c0 = -2.0 * W.k_pose * terms[i, 0] * g
     c1 = -2.0 * W.k_vel * terms[i, 1] * g
     for j in range(nj):
-        g_joint_pos[i, j] = c0 * (joint_pos[i, j] - ref.joint_pos[f, j])
-        g_joint_vel[i, j] = c1 * (joint_vel[i, j] - ref.joint_vel[f, j])
-    rp = root_pos[i]
+        g_rows.joint_pos[i, j] = c0 * (rows.joint_pos[i, j] - ref.joint_pos[f, j])
+        g_rows.joint_vel[i, j] = c1 * (rows.joint_vel[i, j] - ref.joint_vel[f, j])
+    rp = rows.root_pos[i]
     rrp = ref.root_pos[f]
     c2 = -2.0 * W.k_key * terms[i, 2] * g
     grp = wp.vec3(0.0)
     for k in range(nk):
-        gk = c2 * ((key_pos[i, k] - rp) - (ref.key_pos[f, k] - rrp))
-        g_key_pos[i, k] = gk
+        gk = c2 * ((rows.key_pos[i, k] - rp) - (ref.key_pos[f, k] - rrp))
+        g_rows.key_pos[i, k] = gk
         grp = grp - gk
     c3 = -2.0 * terms[i, 3] * g
     grp = grp + (c3 * W.k_root_pos) * (rp - rrp)
-    g_root_pos[i] = grp
-    R = root_rot[i]
+    g_rows.root_pos[i] = grp
+    R = rows.root_rot[i]
     Rr = ref.root_rot[f]
     cr = c3 * W.k_root_rot
-    g_root_rot[i] = wp.mat33(cr * (R[0, 0] - Rr[0, 0]), 0.0, cr * (R[0, 2] - Rr[0, 2]),
-                             cr * (R[1, 0] - Rr[1, 0]), 0.0, cr * (R[1, 2] - Rr[1, 2]),
-                             cr * (R[2, 0] - Rr[2, 0]), 0.0, cr * (R[2, 2] - Rr[2, 2]))
+    g_rows.root_rot[i] = wp.mat33(cr * (R[0, 0] - Rr[0, 0]), 0.0, cr * (R[0, 2] - Rr[0, 2]),
+                                  cr * (R[1, 0] - Rr[1, 0]), 0.0, cr * (R[1, 2] - Rr[1, 2]),
+                                  cr * (R[2, 0] - Rr[2, 0]), 0.0, cr * (R[2, 2] - Rr[2, 2]))
     c4 = -2.0 * terms[i, 4] * g
-    g_lin_vel[i] = (c4 * W.k_root_lin) * (lin_vel[i] - ref.lin_vel[f])
-    g_ang_vel[i] = (c4 * W.k_root_ang) * (ang_vel[i] - ref.ang_vel[f])
+    g_rows.lin_vel[i] = (c4 * W.k_root_lin) * (rows.lin_vel[i] - ref.lin_vel[f])
+    g_rows.ang_vel[i] = (c4 * W.k_root_ang) * (rows.ang_vel[i] - ref.ang_vel[f])
     c5 = -2.0 * W.k_smooth * terms[i, 5] * g / float(nu)
     for j in range(nu):
-        ga = c5 * (actions[i, j] - prev_actions[i, j])
-        g_actions[i, j] = ga
-        g_prev_actions[i, j] = -ga
+        ga = c5 * (rows.actions[i, j] - rows.prev_actions[i, j])
+        g_rows.actions[i, j] = ga
+        g_rows.prev_actions[i, j] = -ga
 
 
 @wp.func
@@ -298,14 +289,14 @@ class _Buffers:
             for name, v in zip(_W, weights, strict=True):
                 setattr(W, name, v)
             n, common = self.frame.shape[0], [self.frame, wr.ref, W, wr.nj, wr.nk, wr.nu]
-            fwd = wp.launch(_reward_forward, dim=n, inputs=[*(self.w[k] for k in _IN), *common],
+            fwd = wp.launch(_reward_forward, dim=n, inputs=[struct_of(_RewardRows, self.w), *common],
                             outputs=[self.terms, self.reward], device=wr.wp_device, record_cmd=True)
             # the forward reads and writes the caller's tensors (no copies in or out)
-            fwd = TensorLaunch(fwd, [*((k, self.w[k]) for k in _IN), ("frame", self.frame), ("terms", self.terms),
-                                     ("reward", self.reward)], rows=True)
-            bwd = wp.launch(_reward_adjoint, dim=n, inputs=[*(self.w[k] for k in _IN), *common, self.terms,
+            fwd = TensorLaunch(fwd, [*(("rows." + k, self.w[k]) for k in _IN), ("frame", self.frame),
+                                     ("terms", self.terms), ("reward", self.reward)], rows=True)
+            bwd = wp.launch(_reward_adjoint, dim=n, inputs=[struct_of(_RewardRows, self.w), *common, self.terms,
                                                              self.g_reward],
-                            outputs=[self.gw[k] for k in _IN], device=wr.wp_device, record_cmd=True)
+                            outputs=[struct_of(_RewardRows, self.gw)], device=wr.wp_device, record_cmd=True)
             run = self.launches[weights] = (fwd, prepack(bwd))
         return run
 

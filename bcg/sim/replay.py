@@ -188,11 +188,28 @@ def prepack(cmd: Any) -> Callable[[], None]:
     return cmd.launch if packed is None else packed.call
 
 
+def _array_offset(struct_type: type, name: str) -> int | None:
+    """Byte offset of the Warp ``array_t`` named ``name`` in a packed argument struct: a kernel argument, or
+    ``"arg.field"`` for an array field of a Warp struct argument (embedded in the argument struct); None if there is
+    no such array."""
+    from warp._src.types import array_t
+
+    offset, ftype = 0, struct_type
+    for part in name.split("."):
+        fields = dict(getattr(ftype, "_fields_", ()))
+        if part not in fields:
+            return None
+        offset += getattr(ftype, part).offset
+        ftype = fields[part]
+    return offset if isinstance(ftype, type) and issubclass(ftype, array_t) else None
+
+
 class TensorLaunch:
     """A packed CPU launch whose named array arguments point at the caller's torch tensors on every call.
 
     ``cmd``: a launch recorded with ``record_cmd=True`` on template Warp arrays; ``bound``: the names of the kernel
-    arguments to rebind, each with its template array (the expected layout). A call ``launch(t_1, ..., t_k)`` takes
+    arguments to rebind, each with its template array (the expected layout); ``"arg.field"`` names an array field of
+    a Warp struct argument. A call ``launch(t_1, ..., t_k)`` takes
     one CPU tensor per name, in order, with the template's dtype and shape (``wp.to_torch`` of the template). The
     tensors may be strided views (rows of a wider tensor, one body of a [N, nb, 3, 3] block) as long as each
     element of the Warp dtype (a vec3, a mat33) is contiguous: the call writes the tensors' data pointers and
@@ -230,19 +247,18 @@ class TensorLaunch:
         self.max_rows = int(packed.bounds.size)
         if self.rows and len(packed.bounds.shape) != 1:
             raise ValueError("TensorLaunch(rows=True) needs a one-dimensional launch")
-        fields = dict(type(struct)._fields_)
         ptr_index, stride_index, shape_index, self._expect = [], [], [], []
         for name, template in [*bound, *((v[0], v[1]) for v in views)]:
-            field = getattr(type(struct), name, None)
-            if field is None or not issubclass(fields[name], array_t):
+            offset = _array_offset(type(struct), name)
+            if offset is None:
                 raise ValueError(f"{name!r} is not an array argument of kernel {cmd.kernel.key!r}")
-            data = field.offset + array_t.data.offset
+            data = offset + array_t.data.offset
             if data % 8:
                 raise ValueError(f"the data pointer of {name!r} is not 8-byte aligned in the struct")
             ptr_index.append(data // 8)
             outer = template.ndim
-            stride_index += [(field.offset + array_t.strides.offset) // 4 + k for k in range(outer)]
-            shape_index.append((field.offset + array_t.shape.offset) // 4)
+            stride_index += [(offset + array_t.strides.offset) // 4 + k for k in range(outer)]
+            shape_index.append((offset + array_t.shape.offset) // 4)
             view = wp.to_torch(template)
             if self.rows and view.shape[0] != self.max_rows:
                 raise ValueError(f"{name!r} has {view.shape[0]} rows, the launch {self.max_rows}")
