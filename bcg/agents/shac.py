@@ -35,9 +35,14 @@ from torch import nn
 
 from bcg.agents.networks import ACTIVATIONS, CriticEnsemble, GaussianActor
 from bcg.agents.normalization import FrozenNormalizer, RunningMeanStd
+from bcg.agents.threads import dense_update_threads, torch_threads
 from bcg.envs.config import EnvConfig
 
-__all__ = ["PRESETS", "SHAC", "SHACConfig", "td_lambda_targets"]
+__all__ = ["PRESETS", "SHAC", "SHACConfig", "STATE_FORMAT", "td_lambda_targets"]
+
+STATE_FORMAT = "bcg.shac/2"
+"""Format of :meth:`SHAC.state_dict` (2: the critics stacked per layer; states of format 1, with K separate critic
+modules, are converted on load)."""
 
 
 # ==================================================================================================== 1. config
@@ -231,10 +236,12 @@ class SHAC:
         add: an ``bcg.agents.add.ADDConfig`` to train with the ADD imitation reward (installed as the env's
             reward); None keeps the env's own reward (``env_config.reward``, default tracking).
         seed: seeds the networks, the action noise, the environment's resets and the estimator.
+        update_threads: torch threads of the critic fit (None: :func:`bcg.agents.threads.dense_update_threads` of
+            the minibatch size, i.e. every core for the paper's sizes and one for small windows).
     """
 
     def __init__(self, config: SHACConfig, env_config: EnvConfig, estimator: Any = None, add: Any = None,
-                 seed: int = 0):
+                 seed: int = 0, update_threads: int | None = None):
         from bcg.estimators import Estimator, make
 
         if not isinstance(config, SHACConfig):
@@ -245,8 +252,15 @@ class SHAC:
             estimator = make("bptt")
         if not isinstance(estimator, Estimator):
             raise TypeError(f"estimator must be a bcg.estimators.Estimator or None, got {type(estimator).__name__}")
+        if update_threads is not None and (isinstance(update_threads, bool) or not isinstance(update_threads, int)
+                                           or update_threads < 1):
+            raise ValueError(f"update_threads must be None or an integer >= 1, got {update_threads!r}")
         self.config = config
         self.seed = int(seed)
+        rows = math.ceil(config.num_envs * config.horizon / config.critic_minibatches)
+        width = config.num_critics * (config.critic_hidden[0] if config.critic_hidden else 1)
+        self.update_threads = update_threads if update_threads is not None else dense_update_threads(rows, width)
+        """Torch intra-op threads of the critic fit (the rollout keeps the caller's setting)."""
         self.env = make_env(config, env_config)
         self.device = self.env.device
         self.estimator = estimator
@@ -269,7 +283,7 @@ class SHAC:
                                           config.layer_norm).to(self.device)
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=config.actor_lr, betas=config.betas)
-        self.critic_opt = torch.optim.Adam(self.critics.parameters(), lr=config.critic_lr, betas=config.betas)
+        self.critic_opt = torch.optim.Adam(self.critics.parameters(), lr=config.critic_lr, betas=config.betas, fused=True)
         self.obs_rms = RunningMeanStd(obs_dim, eps=config.obs_eps, clip=config.obs_clip, device=self.device)
         self.ret_rms = RunningMeanStd((), eps=1e-6, device=self.device)
         self.noise_gen = torch.Generator(device=self.device).manual_seed(_derived_seed(self.seed, 2))
@@ -320,92 +334,85 @@ class SHAC:
         normalize = norm.normalize if norm is not None else (lambda x: x)
         obs, cobs = self._obs.detach(), self._critic_obs.detach()
         dtype, dev = obs.dtype, obs.device
-        critic_obs = torch.empty(n_steps, n_envs, self.obs_dim, dtype=dtype, device=dev)
-        rewards = torch.empty(n_steps, n_envs, dtype=dtype, device=dev)
-        next_values = torch.empty(n_steps, n_envs, dtype=dtype, device=dev)
-        dones = torch.empty(n_steps, n_envs, dtype=torch.bool, device=dev)
-        disc = torch.ones(n_envs, dtype=dtype, device=dev)     # gamma^(t - t0)
-        acc = torch.zeros(n_envs, dtype=dtype, device=dev)     # sum_t gamma^(t - t0) r_t of the open segment
-        loss = torch.zeros((), dtype=dtype, device=dev)
-        st = dict(reward=0.0, tracking=0.0, ep_ret=0.0, ep_len=0.0, episodes=0, envs=0, triggered=0, branches=0,
-                  unstable=0)
-        for t in range(n_steps):
-            last = t == n_steps - 1
-            critic_obs[t] = normalize(cobs).detach()
+        # Per step only the policy and the environment run; everything else is done once per window on the stacked
+        # steps. Right after the physics every distinct torch operation runs with cold caches (8-50 us each), so
+        # per-step bookkeeping used to cost a third of the rollout at 16 environments.
+        steps = _WindowSteps()
+        for _ in range(n_steps):
+            steps.start_critic_obs.append(cobs)
             noise = torch.randn(n_envs, self.act_dim, generator=self.noise_gen, device=dev, dtype=dtype)
             actions = self.actor(normalize(obs), noise)
             obs, reward, terminated, truncated, info = env.step(actions)
             cobs = info.get("critic_obs", obs)
-            final = info.get("final_critic_obs", info["final_obs"])  # = the next observation where not done
-            done = terminated | truncated
-            raw = reward.detach()
-            r = reward * cfg.rew_scale
-            if cfg.obs_norm:
-                self.obs_rms.update(obs)
-            if cfg.ret_norm:
-                with torch.no_grad():
-                    self._ret = self._ret * cfg.gamma + r.detach().to(torch.float64)
-                    self.ret_rms.update(self._ret)
-                    self._ret = torch.where(done, torch.zeros_like(self._ret), self._ret)
-                r = r / ret_std
-
-            # bootstrap values of the next state (the pre-reset state for environments that finished)
-            with torch.no_grad():
-                fd = final.detach()
-                bad = ~torch.isfinite(fd).all(1) | (fd.abs() > cfg.max_bootstrap_obs).any(1)
-                zero = terminated | bad
-            boot_obs = normalize(torch.where(bad[:, None], torch.zeros_like(final), final))
-            with torch.no_grad():
-                v_target = torch.nan_to_num(self.target_critics.min(boot_obs.detach()), nan=0.0, posinf=0.0,
-                                            neginf=0.0)
-                v_target = torch.where(zero, torch.zeros_like(v_target), v_target)
-            acc = acc + disc * r
-            end = done | last
-            if (last or bool(truncated.any())) and self.iteration >= cfg.actor_bootstrap_warmup:
-                v_actor = self.target_critics.mean(boot_obs)
-                v_actor = torch.where(zero, torch.zeros_like(v_actor), v_actor)
-                seg = acc + cfg.gamma * disc * v_actor
-            else:  # falls (bootstrap 0), or every segment during the actor's bootstrap warm-up
-                seg = acc
-            loss = loss - torch.where(end, seg, torch.zeros_like(seg)).sum()
-            disc = torch.where(done, torch.ones_like(disc), disc * cfg.gamma)
-            acc = torch.where(done, torch.zeros_like(acc), acc)
-
-            rewards[t] = r.detach()
-            next_values[t] = v_target
-            dones[t] = done
-            # statistics
-            with torch.no_grad():
-                self._ep_return += raw.to(torch.float64)
-                self._ep_length += 1
-                if bool(done.any()):
-                    st["ep_ret"] += float(self._ep_return[done].sum())
-                    st["ep_len"] += float(self._ep_length[done].sum())
-                    st["episodes"] += int(done.sum())
-                    self._ep_return = torch.where(done, torch.zeros_like(self._ep_return), self._ep_return)
-                    self._ep_length = torch.where(done, torch.zeros_like(self._ep_length), self._ep_length)
-                st["reward"] += float(raw.mean())
-                st["tracking"] += float(info["tracking_error"].mean())
-                est = info.get("estimator")
-                st["envs"] += int(est["envs"]) if est else n_envs
-                st["triggered"] += int(est["envs_triggered"]) if est else 0
-                st["branches"] += int(est["branches_simulated"]) if est else n_envs
-                st["unstable"] += int(info.get("num_unstable", 0))
+            steps.record(obs, reward, terminated, truncated, info)
         self._obs, self._critic_obs = obs.detach(), cobs.detach()
-        loss = loss / (n_steps * n_envs)
+
+        raw = torch.stack(steps.rewards)                                   # [N, E] with the graph
+        terminated, truncated = torch.stack(steps.terminated), torch.stack(steps.truncated)
+        dones = terminated | truncated
+        r = raw * cfg.rew_scale
+        if cfg.obs_norm:  # one merge of the window's N E observations (the window used frozen statistics)
+            self.obs_rms.update(torch.stack(steps.obs).detach())
+        if cfg.ret_norm:
+            with torch.no_grad():
+                returns = torch.empty(n_steps, n_envs, dtype=torch.float64, device=dev)
+                for t in range(n_steps):
+                    self._ret = self._ret * cfg.gamma + r[t].detach().to(torch.float64)
+                    returns[t] = self._ret
+                    self._ret = torch.where(dones[t], torch.zeros_like(self._ret), self._ret)
+                self.ret_rms.update(returns)
+            r = r / ret_std
+
+        # bootstrap values of the next states (the pre-reset states of environments that finished)
+        final = torch.stack(steps.final_obs)                               # [N, E, D] with the graph
+        with torch.no_grad():
+            fd = final.detach()
+            bad = ~torch.isfinite(fd).all(-1) | (fd.abs() > cfg.max_bootstrap_obs).any(-1)
+            zero = terminated | bad
+            boot = normalize(torch.where(bad[..., None], torch.zeros_like(fd), fd))
+            next_values = self.target_critics.min(boot.reshape(-1, self.obs_dim)).reshape(n_steps, n_envs)
+            next_values = torch.nan_to_num(next_values, nan=0.0, posinf=0.0, neginf=0.0)
+            next_values = torch.where(zero, torch.zeros_like(next_values), next_values)
+        ends = dones.clone()
+        ends[-1] = True
+        v_actor = torch.zeros(n_steps, n_envs, dtype=dtype, device=dev)
+        if self.iteration >= cfg.actor_bootstrap_warmup:  # segments cut by a time-out or the window end
+            t_idx, e_idx = (ends & ~zero).nonzero(as_tuple=True)
+            if t_idx.numel():
+                v_actor = v_actor.index_put((t_idx, e_idx), self.target_critics.mean(normalize(final[t_idx, e_idx])))
+        loss = _segment_loss(r, v_actor, dones, ends, cfg.gamma) / (n_steps * n_envs)
         if cfg.ret_norm:
             loss = loss * ret_std  # back to the reward's scale (DiffRL)
-        stats = {
-            "reward": st["reward"] / n_steps,
-            "tracking_error_cm": 100.0 * st["tracking"] / n_steps,
-            "episode_return": st["ep_ret"] / st["episodes"] if st["episodes"] else math.nan,
-            "episode_length": st["ep_len"] / st["episodes"] if st["episodes"] else math.nan,
-            "episodes": float(st["episodes"]),
-            "trigger_rate": st["triggered"] / st["envs"] if st["envs"] else 0.0,
-            "branches": float(st["branches"]),
-            "unstable": float(st["unstable"]),
+        critic_obs = normalize(torch.stack(steps.start_critic_obs)).detach()
+        stats = self._window_stats(raw.detach(), dones, torch.stack(steps.tracking_error), steps)
+        return Window(loss, critic_obs, r.detach(), next_values, dones, stats)
+
+    @torch.no_grad()
+    def _window_stats(self, raw: torch.Tensor, dones: torch.Tensor, tracking: torch.Tensor,
+                      steps: "_WindowSteps") -> dict[str, float]:
+        """Rollout scalars from the window's raw rewards, done flags and tracking errors [N, E]; carries the
+        per-environment episode return and length across windows."""
+        n_steps = raw.shape[0]
+        ep_ret = torch.zeros((), dtype=torch.float64, device=raw.device)
+        ep_len = torch.zeros((), dtype=torch.float64, device=raw.device)
+        for t in range(n_steps):
+            self._ep_return += raw[t].to(torch.float64)
+            self._ep_length += 1
+            ep_ret += torch.where(dones[t], self._ep_return, 0.0).sum()
+            ep_len += torch.where(dones[t], self._ep_length, 0).sum()
+            self._ep_return = torch.where(dones[t], torch.zeros_like(self._ep_return), self._ep_return)
+            self._ep_length = torch.where(dones[t], torch.zeros_like(self._ep_length), self._ep_length)
+        episodes = int(dones.sum())
+        return {
+            "reward": float(raw.mean()),
+            "tracking_error_cm": 100.0 * float(tracking.mean()),
+            "episode_return": float(ep_ret) / episodes if episodes else math.nan,
+            "episode_length": float(ep_len) / episodes if episodes else math.nan,
+            "episodes": float(episodes),
+            "trigger_rate": steps.triggered / steps.envs if steps.envs else 0.0,
+            "branches": float(steps.branches),
+            "unstable": float(steps.unstable),
         }
-        return Window(loss, critic_obs, rewards, next_values, dones, stats)
 
     # ================================================================================================ 3. losses
 
@@ -445,16 +452,19 @@ class SHAC:
         opt.step()
         return norm, True
 
-    def _fit_critics(self, window: Window) -> tuple[float, float]:
+    def _fit_critics(self, window: Window) -> tuple[float, float, float]:
         """Regress the TD(lambda) targets: ``critic_iterations`` passes over ``critic_minibatches`` contiguous
-        minibatches of the window's N E samples. Returns (mean critic MSE of the last pass, largest gradient norm)."""
+        minibatches of the window's N E samples. Returns (mean critic MSE of the last pass, largest gradient norm,
+        mean critic MSE of the first pass). The first pass meets every minibatch before training on it, so its loss
+        measures how well the critics predict targets they have not seen (progressive validation): the measure of
+        fit that more passes cannot lower by memorising the window."""
         cfg = self.config
         targets = self.td_lambda_targets(window.rewards, window.next_values, window.dones, cfg.gamma, cfg.lam)
         obs = window.critic_obs.reshape(-1, self.obs_dim)
         tgt = targets.reshape(-1)
         size = math.ceil(obs.shape[0] / cfg.critic_minibatches)
         params = list(self.critics.parameters())
-        last_pass, max_norm = 0.0, 0.0
+        last_pass, first_pass, max_norm = 0.0, 0.0, 0.0
         for it in range(cfg.critic_iterations):
             total = 0.0
             for b in range(cfg.critic_minibatches):
@@ -466,10 +476,12 @@ class SHAC:
                 max_norm = max(max_norm, norm) if math.isfinite(norm) else norm
                 self.skipped_critic_updates += not applied
                 total += float(loss.detach()) / cfg.num_critics
+            if it == 0:
+                first_pass = total / cfg.critic_minibatches
             if it == cfg.critic_iterations - 1:
                 last_pass = total / cfg.critic_minibatches
         self.critic_opt.zero_grad(set_to_none=True)
-        return last_pass, max_norm
+        return last_pass, max_norm, first_pass
 
     @torch.no_grad()
     def _update_target_critics(self) -> None:
@@ -500,7 +512,8 @@ class SHAC:
         self.actor_opt.zero_grad(set_to_none=True)
 
         # critic regression on the window's TD(lambda) targets, then the target critics
-        critic_loss, critic_grad_norm = self._fit_critics(window)
+        with torch_threads(self.update_threads):
+            critic_loss, critic_grad_norm, critic_loss_new = self._fit_critics(window)
         self._update_target_critics()
 
         metrics = {k: v for k, v in window.stats.items() if k not in ("branches", "unstable", "episodes")}
@@ -517,6 +530,7 @@ class SHAC:
             "nonfinite_resets": float(self.nonfinite_resets),
             "actor_loss": float(window.actor_loss.detach()),
             "critic_loss": critic_loss,
+            "critic_loss_new": critic_loss_new,
             "lr": lr_a,
             "critic_lr": lr_c,
             "critic_grad_norm": critic_grad_norm,
@@ -545,7 +559,7 @@ class SHAC:
                                  else v.detach().clone())
         est_sd = self.estimator.state_dict() if hasattr(self.estimator, "state_dict") else None
         return {
-            "format": "bcg.shac/1",
+            "format": STATE_FORMAT,
             "config": dataclasses.asdict(self.config),
             "obs_dim": self.obs_dim,
             "act_dim": self.act_dim,
@@ -581,8 +595,11 @@ class SHAC:
         from bcg.envs.state import EnvState
         from bcg.sim.physics import Physics
 
-        if state.get("format") != "bcg.shac/1":
-            raise ValueError(f"not a SHAC state (format {state.get('format')!r}, expected 'bcg.shac/1')")
+        if state.get("format") == "bcg.shac/1":
+            state = _stack_critics_of_v1(state, self.critics)
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a SHAC state (format {state.get('format')!r}, expected {STATE_FORMAT!r} or "
+                             "'bcg.shac/1')")
         mine = dataclasses.asdict(self.config)
         theirs = dict(state["config"])
         diff = sorted(k for k in mine if k not in theirs or _plain(theirs[k]) != _plain(mine[k]))
@@ -642,6 +659,92 @@ class SHAC:
             mean = torch.zeros(self.obs_dim, dtype=torch.float64, device=self.device)
             var, eps, clip = torch.ones_like(mean), 0.0, None
         return policy_export(self.actor.mean_net, mean, var, obs_eps=eps, obs_clip=clip, env=self.env, agent="shac")
+
+
+class _WindowSteps:
+    """What each step of a rollout hands over for the window's end (lists of [E, ...] tensors, estimator counts)."""
+
+    def __init__(self) -> None:
+        self.start_critic_obs: list[torch.Tensor] = []
+        self.obs: list[torch.Tensor] = []
+        self.final_obs: list[torch.Tensor] = []
+        self.rewards: list[torch.Tensor] = []
+        self.terminated: list[torch.Tensor] = []
+        self.truncated: list[torch.Tensor] = []
+        self.tracking_error: list[torch.Tensor] = []
+        self.envs = self.triggered = self.branches = self.unstable = 0
+
+    def record(self, obs: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor,
+               info: Mapping[str, Any]) -> None:
+        """Keep one step's outputs (``env.step``'s five values); no torch operation runs here."""
+        n = reward.shape[0]
+        self.obs.append(obs)
+        self.final_obs.append(info.get("final_critic_obs", info["final_obs"]))  # = the next obs where not done
+        self.rewards.append(reward)
+        self.terminated.append(terminated)
+        self.truncated.append(truncated)
+        self.tracking_error.append(info["tracking_error"])
+        est = info.get("estimator")
+        self.envs += int(est["envs"]) if est else n
+        self.triggered += int(est["envs_triggered"]) if est else 0
+        self.branches += int(est["branches_simulated"]) if est else n
+        self.unstable += int(info.get("num_unstable", 0))
+
+
+def _segment_loss(rewards: torch.Tensor, bootstrap: torch.Tensor, dones: torch.Tensor, ends: torch.Tensor,
+                  gamma: float) -> torch.Tensor:
+    """Minus the sum over the window's segments of ``sum_t gamma^(t - t0) r_t + gamma^(t1 - t0 + 1) V_t1``.
+
+    Args:
+        rewards: [N, E] rewards (with their graph).
+        bootstrap: [N, E] the value of the state after step t where a segment ends there with a bootstrap (0
+            elsewhere, and after falls).
+        dones: [N, E] bool, an episode ended at step t (discount and sum restart after it).
+        ends: [N, E] bool, a segment ends at step t (``dones``, and every environment at the window's last step).
+    Returns:
+        the scalar loss (not yet divided by N E).
+    """
+    disc = torch.ones_like(rewards[0])    # gamma^(t - t0)
+    acc = torch.zeros_like(rewards[0])    # sum_t gamma^(t - t0) r_t of the open segment
+    loss = torch.zeros((), dtype=rewards.dtype, device=rewards.device)
+    for t in range(rewards.shape[0]):
+        acc = acc + disc * rewards[t]
+        seg = acc + gamma * disc * bootstrap[t]
+        loss = loss - torch.where(ends[t], seg, torch.zeros_like(seg)).sum()
+        disc = torch.where(dones[t], torch.ones_like(disc), disc * gamma)
+        acc = torch.where(dones[t], torch.zeros_like(acc), acc)
+    return loss
+
+
+def _stack_critics_of_v1(state: Mapping[str, Any], critics: CriticEnsemble) -> dict[str, Any]:
+    """A ``bcg.shac/1`` state (separate critic modules, one Adam state per module parameter) in the stacked
+    layout of ``bcg.shac/2``: the critics' and target critics' weights and the critic optimiser's moments are
+    stacked per layer. Adam is elementwise, so the stacked moments continue the same optimisation."""
+    out = dict(state)
+    out["critics"] = critics.stack_separate_state_dict(state["critics"])
+    out["target_critics"] = critics.stack_separate_state_dict(state["target_critics"])
+    old_names = list(critics.separate_names())
+    new_names = [n for n, _ in critics.named_parameters()]
+    opt = state["critic_opt"]
+    group = opt["param_groups"][0]
+    if len(opt["param_groups"]) != 1 or len(group["params"]) != len(old_names):
+        raise ValueError("the bcg.shac/1 state's critic optimiser does not match its critics")
+    by_name = {old_names[i]: opt["state"].get(pid) for i, pid in enumerate(group["params"])}
+    per_param: dict[int, dict[str, Any]] = {}
+    if all(v is not None for v in by_name.values()):  # an optimiser that has stepped: stack its moments
+        parts: dict[str, list[Any]] = {n: [None] * critics.num_critics for n in new_names}
+        for old, (new, k) in critics.separate_names().items():
+            parts[new][k] = by_name[old]
+        for i, n in enumerate(new_names):
+            first = parts[n][0]
+            per_param[i] = {key: (first[key].clone() if key == "step" else torch.stack([p[key] for p in parts[n]]))
+                            for key in first}
+    # the stacked critics' Adam is the fused one (the loaded group's options replace the optimiser's own)
+    out["critic_opt"] = {"state": per_param,
+                         "param_groups": [{**group, "fused": True, "foreach": None,
+                                           "params": list(range(len(new_names)))}]}
+    out["format"] = STATE_FORMAT
+    return out
 
 
 def _plain(v: Any) -> Any:

@@ -75,7 +75,7 @@ simulator from fixed start phases with fixed initial noise, so that the numbers 
 iterations and across methods (the training columns mix exploration noise and the changing episode phases)."""
 
 RUN_CONTROL_FIELDS: tuple[str, ...] = ("iterations", "max_time_s", "checkpoint_every", "resume", "out", "name",
-                                       "device", "torch_threads", "progress", "tensorboard", "eval_every",
+                                       "device", "torch_threads", "update_threads", "progress", "tensorboard", "eval_every",
                                        "eval_episodes", "eval_seconds")
 """TrainConfig fields a resumed run may change: how long and where it runs, not what it computes (the numbers are
 exact on the device the checkpoint was written on)."""
@@ -172,7 +172,11 @@ class TrainConfig:
     """PD-target change per unit of tanh(a) [rad] for every joint; None: the preset's (cpu-small: 0.5, paper: the
     env's per-joint default, which reaches the farther joint limit at |a| = 0.9)."""
     torch_threads: int | None = 1
-    """torch.set_num_threads for the run (None: torch's default). 1 is the fastest on a shared 2-core machine."""
+    """torch.set_num_threads for the run (None: torch's default). 1 is the fastest during the rollout, where the
+    simulator's own threads use the cores."""
+    update_threads: int | None = None
+    """torch threads of SHAC's critic fit (None: every core when its minibatches are large, as with the paper's
+    sizes, else 1; bcg.agents.threads)."""
     progress: bool = True
     """Show a progress bar with live figures."""
     tensorboard: bool = True
@@ -204,6 +208,8 @@ class TrainConfig:
             raise ValueError(f"seed must be an integer in [0, 2^63 - 1], got {self.seed!r}")
         if self.torch_threads is not None:
             object.__setattr__(self, "torch_threads", check_count("torch_threads", self.torch_threads, 1))
+        if self.update_threads is not None:
+            object.__setattr__(self, "update_threads", check_count("update_threads", self.update_threads, 1))
         if self.max_time_s is not None and not (isinstance(self.max_time_s, numbers.Real) and self.max_time_s > 0):
             raise ValueError(f"max_time_s must be a number > 0 or None, got {self.max_time_s!r}")
         object.__setattr__(self, "out", Path(self.out))
@@ -738,7 +744,8 @@ def build_agent(cfg: TrainConfig) -> Any:
     if cfg.agent == "shac":
         from bcg.agents.shac import SHAC
 
-        return SHAC(cfg.shac, env_cfg, estimator=dataclasses.replace(cfg.estimator), add=add, seed=cfg.seed)
+        return SHAC(cfg.shac, env_cfg, estimator=dataclasses.replace(cfg.estimator), add=add, seed=cfg.seed,
+                    update_threads=cfg.update_threads)
     from bcg.agents.ppo import PPOAgent
 
     return PPOAgent(cfg.ppo, env_cfg, add=add, seed=cfg.seed)
