@@ -233,8 +233,26 @@ class Bench:
     """Also print the README's throughput table in markdown."""
     json: Path | None = None
     """Also write the results to this JSON file."""
+    learning: bool = False
+    """Time training iterations instead: SHAC (bptt, bcg) and PPO at the cpu-small and paper presets, each part of
+    an iteration against the differentiable env's own window (bcg.evaluation.learning_throughput)."""
+    presets: tuple[str, ...] = ("cpu-small", "paper")
+    """With --learning: the presets to time."""
+    methods: tuple[str, ...] = ("bptt", "bcg", "ppo")
+    """With --learning: SHAC estimators and/or ppo."""
+    iterations: int = 5
+    """With --learning: timed iterations per method (median reported; PPO half as many)."""
 
     def run(self) -> int:
+        if self.learning:
+            from bcg.evaluation.learning_throughput import main as learning_main
+
+            argv = ["--presets", *self.presets, "--methods", *self.methods, "--iterations", str(self.iterations),
+                    "--torch-threads", str(self.torch_threads)]
+            if self.json is not None:
+                argv += ["--json", str(self.json)]
+            learning_main(argv)
+            return 0
         from bcg.evaluation.sim_throughput import main as bench_main
 
         argv = ["--device", self.device, "--steps", str(self.steps), "--repeats", str(self.repeats),

@@ -32,6 +32,18 @@ def test_trigger_never_is_bit_identical_to_bptt() -> None:
     assert est.total_stats == EstimatorStats(calls=4, envs=4 * N, branches_simulated=4 * N)
 
 
+def test_steps_where_nothing_triggers_are_bit_identical_to_bptt() -> None:
+    """A force threshold nobody reaches: every step takes the nominal-only path (one plain inner call); values and
+    gradients equal bptt's bit for bit, and the estimator keeps no open bundle."""
+    plain = _rollout(_env())
+    est = make("bcg", tau=1e5)
+    got = _rollout(_env(est))
+    assert torch.equal(plain[0], got[0]) and torch.equal(plain[1], got[1])
+    assert all(torch.equal(a, b) for a, b in zip(plain[2], got[2], strict=True))
+    assert est.total_stats == EstimatorStats(calls=4, envs=4 * N, branches_simulated=4 * N)
+    assert est.open_bundles.numel() == 0
+
+
 @pytest.mark.parametrize("zero", [{"law": "joint_gaussian", "sigma_q": 0.0, "sigma_qd": 0.0},
                                   {"law": "cartesian", "sigma_p": 0.0, "sigma_v": 0.0}], ids=["joint", "cartesian"])
 def test_zero_perturbation_bundles_reproduce_bptt(zero: dict) -> None:

@@ -43,6 +43,7 @@ from torch import nn
 
 from bcg.agents.add import ADDConfig, ADDReward
 from bcg.agents.base import METRIC_NAMES
+from bcg.agents.threads import dense_update_threads, torch_threads
 from bcg.envs.config import EnvConfig
 from bcg.envs.sb3 import SB3VecEnv
 from bcg.envs.state import EnvState
@@ -360,12 +361,21 @@ class PPOAgent:
         add: the ADD reward's config (None: the environment's own reward, ``env_config.reward``).
         seed: seeds SB3 (network initialisation, action sampling, minibatch shuffling: the global torch and numpy
             generators, as SB3 does), the environment's resets and the ADD discriminator.
+        update_threads: torch threads of SB3's ``train()`` (None: :func:`bcg.agents.threads.dense_update_threads`
+            of the minibatch size and the two networks' first layers).
     """
 
     def __init__(self, config: PPOConfig, env_config: EnvConfig | None = None, add: ADDConfig | None = None,
-                 seed: int = 0):
+                 seed: int = 0, update_threads: int | None = None):
         if not isinstance(config, PPOConfig):
             raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")
+        if update_threads is not None and (isinstance(update_threads, bool) or not isinstance(update_threads, int)
+                                           or update_threads < 1):
+            raise ValueError(f"update_threads must be None or an integer >= 1, got {update_threads!r}")
+        first = sum(h[0] if h else 1 for h in (config.actor_hidden, config.critic_hidden))
+        self.update_threads = (update_threads if update_threads is not None
+                               else dense_update_threads(config.batch_size, first))
+        """Torch intra-op threads of SB3's update (the rollout keeps the caller's setting)."""
         env_config = env_config if env_config is not None else EnvConfig()
         self.config = config
         self.env_config = dataclasses.replace(env_config, differentiable=False, autoreset=True)
@@ -416,7 +426,8 @@ class PPOAgent:
         if not m.collect_rollouts(m.env, self._callback, m.rollout_buffer, n_rollout_steps=m.n_steps):
             raise RuntimeError("SB3 stopped the rollout early (a callback returned False)")
         m._update_current_progress_remaining(m.num_timesteps, self._total_timesteps)
-        m.train()
+        with torch_threads(self.update_threads):
+            m.train()
         logged = dict(m.logger.name_to_value)
         m.logger.dump(m.num_timesteps)  # clears SB3's record (no outputs configured)
         self.iteration += 1

@@ -452,6 +452,18 @@ class SHAC:
         opt.step()
         return norm, True
 
+    def _actor_update(self, window: Window) -> float:
+        """Backpropagate the window's actor loss (through the simulator) and step the actor; returns the gradient
+        norm before clipping."""
+        self.actor_opt.zero_grad(set_to_none=True)
+        window.actor_loss.backward()
+        self.critics.zero_grad(set_to_none=True)  # the bootstrap used the target copies; keep the critics clean
+        grad_norm, applied = self._guarded_step(self.actor_opt, list(self.actor.parameters()),
+                                                self.config.actor_grad_norm)
+        self.skipped_actor_updates += not applied
+        self.actor_opt.zero_grad(set_to_none=True)
+        return grad_norm
+
     def _fit_critics(self, window: Window) -> tuple[float, float, float]:
         """Regress the TD(lambda) targets: ``critic_iterations`` passes over ``critic_minibatches`` contiguous
         minibatches of the window's N E samples. Returns (mean critic MSE of the last pass, largest gradient norm,
@@ -503,13 +515,7 @@ class SHAC:
         norm, ret_std = self._begin_window()
         window = self._rollout(norm, ret_std)
 
-        # actor step
-        self.actor_opt.zero_grad(set_to_none=True)
-        window.actor_loss.backward()
-        self.critics.zero_grad(set_to_none=True)  # the bootstrap used the target copies; keep the critics clean
-        grad_norm, applied = self._guarded_step(self.actor_opt, list(self.actor.parameters()), cfg.actor_grad_norm)
-        self.skipped_actor_updates += not applied
-        self.actor_opt.zero_grad(set_to_none=True)
+        grad_norm = self._actor_update(window)
 
         # critic regression on the window's TD(lambda) targets, then the target critics
         with torch_threads(self.update_threads):

@@ -175,8 +175,8 @@ class TrainConfig:
     """torch.set_num_threads for the run (None: torch's default). 1 is the fastest during the rollout, where the
     simulator's own threads use the cores."""
     update_threads: int | None = None
-    """torch threads of SHAC's critic fit (None: every core when its minibatches are large, as with the paper's
-    sizes, else 1; bcg.agents.threads)."""
+    """torch threads of SHAC's critic fit and PPO's update (None: every core when their minibatches are large, as
+    with the paper's sizes, else 1; bcg.agents.threads)."""
     progress: bool = True
     """Show a progress bar with live figures."""
     tensorboard: bool = True
@@ -748,7 +748,7 @@ def build_agent(cfg: TrainConfig) -> Any:
                     update_threads=cfg.update_threads)
     from bcg.agents.ppo import PPOAgent
 
-    return PPOAgent(cfg.ppo, env_cfg, add=add, seed=cfg.seed)
+    return PPOAgent(cfg.ppo, env_cfg, add=add, seed=cfg.seed, update_threads=cfg.update_threads)
 
 
 @dataclass(frozen=True)

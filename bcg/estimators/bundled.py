@@ -254,6 +254,8 @@ class BCG(Estimator):
             else:
                 feet = torch.zeros(n, nf, dtype=torch.bool, device=dev)
             trig = ~cont & feet.any(1)
+        if not (self.trigger == "force" and self.timing == "rollback") and not bool((cont | trig).any()):
+            return self._nominal_only(model, q, qd, targets, physics, ids, state, mem, key)
         simulated = 0
         nominal_out = None
         if self.trigger == "force" and self.timing == "rollback":
@@ -362,6 +364,23 @@ class BCG(Estimator):
         stats = EstimatorStats(calls=1, envs=n, envs_triggered=int(T.numel()), branches_simulated=simulated,
                                nonfinite_dropped=int((~keep).sum()), envs_all_nonfinite=int((~alive).sum()))
         return q_out, qd_out, contact, stats
+
+    def _nominal_only(self, model, q, qd, targets, physics, ids, state, mem: _Memory, key: torch.Tensor):
+        """A step in which no bundle is open or starts: one plain inner call, and the bookkeeping the general path
+        would do with no branched rows (the same outputs and gradients, without the gathers and concatenations)."""
+        q_out, qd_out, contact = self._call_inner(model, q, qd, targets, physics, ids, state)
+        with torch.no_grad():
+            mem.left[key] = 0
+            mem.peak[key] = self.foot_forces(model, contact)
+            mem.last_q[key] = q_out.detach()
+        if mem.open_ids.numel():  # bundles of environments outside this call stay open
+            old = ~torch.isin(mem.open_ids, key)
+            if not bool(old.all()):
+                mem.open_ids = mem.open_ids[old]
+                mem.off_q, mem.off_qd = mem.off_q[old], mem.off_qd[old]
+        mem.last_q_out = q_out
+        n = int(q.shape[0])
+        return q_out, qd_out, contact, EstimatorStats(calls=1, envs=n, branches_simulated=n)
 
 
 def _rows(physics: Physics | None, idx: torch.Tensor) -> Physics | None:
