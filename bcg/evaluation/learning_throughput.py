@@ -243,6 +243,7 @@ def _env_nograd_rate(num_envs: int, motion: str, env_config: Any, steps: int = 2
 
 
 def measure_ppo(preset: str, *, motion: str = "jump", iterations: int = 3, warmup: int = 1, seed: int = 0,
+                overrides: dict[str, Any] | None = None,
                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Time PPO iterations (SB3's rollout and ``train()``) at ``preset`` and the env's own no-gradient rate at the
     same number of environments; also the floor that ``train()``'s arithmetic sets (its networks' products over the
@@ -250,6 +251,8 @@ def measure_ppo(preset: str, *, motion: str = "jump", iterations: int = 3, warmu
     from bcg.agents.train import build_agent, default_config
 
     cfg = default_config("ppo", preset, motion=motion, seed=seed)
+    if overrides:
+        cfg = dataclasses.replace(cfg, ppo=dataclasses.replace(cfg.ppo, **overrides))
     agent = build_agent(cfg)
     for _ in range(warmup):
         agent.train_iteration()

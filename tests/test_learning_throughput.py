@@ -1,0 +1,62 @@
+"""The learning-throughput benchmark on tiny sizes: every part is measured, the timers come off afterwards, and the
+arithmetic floor counts what the fit computes."""
+
+from __future__ import annotations
+
+import pytest
+
+from bcg.evaluation.learning_throughput import (PHASES, _Clock, _instrumented, _mlp_fit_flops, critic_fit_flops,
+                                                measure_ppo, measure_shac, table)
+
+TINY_SHAC = dict(num_envs=2, horizon=3, critic_iterations=2, critic_minibatches=1, actor_hidden=(16,),
+                 critic_hidden=(16,))
+
+
+@pytest.mark.parametrize("method", ["bptt", "bcg"])
+def test_shac_parts_are_measured_and_the_timers_removed(method: str) -> None:
+    r = measure_shac("cpu-small", method, iterations=2, warmup=1, overrides=TINY_SHAC)
+    p = r["parts"]
+    assert set(PHASES) | {"iteration"} == set(p)
+    for name in ("sim_fwd", "sim_bwd", "env", "policy", "critic", "backward"):
+        assert p[name] > 0, name
+    assert p["add"] == 0.0
+    assert sum(p[k] for k in PHASES) == pytest.approx(p["iteration"], rel=1e-9)
+    assert r["env_window"] > 0 and r["ratio"] == pytest.approx(p["iteration"] / r["env_window"])
+    assert r["samples"] == 6 and r["critic_floor"] > 0 and r["update_threads"] == 1
+    assert f"| cpu-small | {method} | 2 x 3 |" in table([r])
+
+
+def test_instrumentation_times_the_parts_and_comes_off() -> None:
+    from bcg.agents.shac import SHAC, SHACConfig
+    from bcg.envs.config import EnvConfig
+    from bcg.sim import bridge
+
+    agent = SHAC(SHACConfig(**TINY_SHAC), EnvConfig(motion_file="jump"))
+    fn = bridge._WarpControlStep
+    before = (vars(fn)["forward"], vars(fn)["backward"], agent.env.transition_fn, vars(agent.env).get("step"))
+    clock = _Clock()
+    with _instrumented(agent, clock):
+        agent.train_iteration()
+    t = clock.take()
+    assert {"sim_fwd", "sim_bwd", "env_step", "transition", "policy", "actor_update", "critic"} <= set(t)
+    assert t["env_step"] >= t["transition"] >= t["sim_fwd"] > 0
+    assert t["actor_update"] >= t["sim_bwd"] > 0
+    after = (vars(fn)["forward"], vars(fn)["backward"], agent.env.transition_fn, vars(agent.env).get("step"))
+    assert after == before and "step" not in vars(agent.env) and "_fit_critics" not in vars(agent)
+    assert clock.take() == {}
+
+
+def test_ppo_parts_and_env_rate() -> None:
+    r = measure_ppo("cpu-small", iterations=1, warmup=1,
+                    overrides=dict(num_envs=4, n_steps=4, n_minibatches=2, actor_hidden=(16,), critic_hidden=(16,)))
+    p = r["parts"]
+    assert p["train"] > 0 and p["rollout"] > 0 and p["iteration"] >= p["train"] + p["rollout"] - 1e-9
+    assert r["samples"] == 16 and r["env_rate"] > 0 and r["samples_per_s"] > 0
+    assert r["rate_ratio"] == pytest.approx(r["samples_per_s"] / r["env_rate"])
+    assert "| cpu-small | 4 x 4 |" in table([r])
+
+
+def test_fit_flops_count_forward_weight_and_input_gradients() -> None:
+    # 10 -> 4 -> 1: forward 40 + 4 MACs, weight grads the same, input grad of the second layer 4 MACs
+    assert _mlp_fit_flops(1, 10, (4,), 1, 1) == 2.0 * (2 * 44 + 4)
+    assert critic_fit_flops(8, 10, (4,), 3, 2) == 3 * 8 * 2 * 2.0 * (2 * 44 + 4)
