@@ -1,5 +1,5 @@
-"""The stacked critic ensemble against separate critic MLPs, the reading of states written before the critics were
-stacked, and the thread rule of the critic fit."""
+"""The stacked critic ensemble against separate critic MLPs, and the reading of states written before the critics
+were stacked."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from bcg.agents.networks import CriticEnsemble
-from bcg.agents.threads import MIN_PARALLEL_WORK, dense_update_threads, torch_threads
 
 DATA = Path(__file__).parent / "data"
 
@@ -91,24 +90,3 @@ def test_a_state_of_another_format_is_refused_with_the_formats_expected() -> Non
     state = dict(agent.state_dict(), format="bcg.shac/0")
     with pytest.raises(ValueError, match=r"format 'bcg.shac/0', expected 'bcg.shac/2' or 'bcg.shac/1'"):
         agent.load_state_dict(state)
-
-
-def test_dense_update_threads_use_every_core_only_for_large_minibatches() -> None:
-    assert dense_update_threads(64, 3 * 128, cores=2) == 1           # cpu-small's 64-row minibatches
-    assert dense_update_threads(512, 3 * 256, cores=2) == 2          # the paper's 512-row minibatches
-    assert dense_update_threads(MIN_PARALLEL_WORK, 1, cores=16) == 16
-    assert dense_update_threads(MIN_PARALLEL_WORK - 1, 1, cores=16) == 1
-    assert dense_update_threads(10**6, 10**6, cores=1) == 1
-
-
-def test_torch_threads_restores_the_previous_number_also_after_an_error() -> None:
-    before = torch.get_num_threads()
-    other = 2 if before != 2 else 1
-    with torch_threads(other):
-        assert torch.get_num_threads() == other
-    assert torch.get_num_threads() == before
-    with pytest.raises(RuntimeError), torch_threads(other):
-        raise RuntimeError("inside")
-    assert torch.get_num_threads() == before
-    with torch_threads(None):
-        assert torch.get_num_threads() == before

@@ -5,8 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from bcg.evaluation.learning_throughput import (PHASES, _Clock, _instrumented, _mlp_fit_flops, critic_fit_flops,
-                                                measure_ppo, measure_shac, table)
+from bcg.evaluation.learning_throughput import (
+    PHASES,
+    _Clock,
+    _instrumented,
+    _mlp_fit_flops,
+    critic_fit_flops,
+    measure_ppo,
+    measure_shac,
+    table,
+)
 
 TINY_SHAC = dict(num_envs=2, horizon=3, critic_iterations=2, critic_minibatches=1, actor_hidden=(16,),
                  critic_hidden=(16,))

@@ -283,7 +283,8 @@ class SHAC:
                                           config.layer_norm).to(self.device)
         self.target_critics = copy.deepcopy(self.critics).requires_grad_(False)
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=config.actor_lr, betas=config.betas)
-        self.critic_opt = torch.optim.Adam(self.critics.parameters(), lr=config.critic_lr, betas=config.betas, fused=True)
+        self.critic_opt = torch.optim.Adam(self.critics.parameters(), lr=config.critic_lr, betas=config.betas,
+                                           fused=True)
         self.obs_rms = RunningMeanStd(obs_dim, eps=config.obs_eps, clip=config.obs_clip, device=self.device)
         self.ret_rms = RunningMeanStd((), eps=1e-6, device=self.device)
         self.noise_gen = torch.Generator(device=self.device).manual_seed(_derived_seed(self.seed, 2))
@@ -389,7 +390,7 @@ class SHAC:
 
     @torch.no_grad()
     def _window_stats(self, raw: torch.Tensor, dones: torch.Tensor, tracking: torch.Tensor,
-                      steps: "_WindowSteps") -> dict[str, float]:
+                      steps: _WindowSteps) -> dict[str, float]:
         """Rollout scalars from the window's raw rewards, done flags and tracking errors [N, E]; carries the
         per-environment episode return and length across windows."""
         n_steps = raw.shape[0]

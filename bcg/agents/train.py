@@ -75,8 +75,8 @@ simulator from fixed start phases with fixed initial noise, so that the numbers 
 iterations and across methods (the training columns mix exploration noise and the changing episode phases)."""
 
 RUN_CONTROL_FIELDS: tuple[str, ...] = ("iterations", "max_time_s", "checkpoint_every", "resume", "out", "name",
-                                       "device", "torch_threads", "update_threads", "progress", "tensorboard", "eval_every",
-                                       "eval_episodes", "eval_seconds")
+                                       "device", "torch_threads", "update_threads", "progress", "tensorboard",
+                                       "eval_every", "eval_episodes", "eval_seconds")
 """TrainConfig fields a resumed run may change: how long and where it runs, not what it computes (the numbers are
 exact on the device the checkpoint was written on)."""
 

@@ -14,7 +14,9 @@ both see the same machine load. Per iteration it reports, in seconds:
 * ``critic``: SHAC's critic fit; ``add``: the ADD discriminator; ``other``: the rest (window-end bookkeeping);
 
 and the ratio ``iteration / env window``. For the critic fit it also prints the floor its arithmetic sets on this
-machine: the fit's floating-point operations over the matrix-product rate measured here, with the fit's threads.
+machine: the fit's floating-point operations over the matrix-product rate measured here, with the fit's threads,
+and ``floor / env = 1 + critic floor / env window``, the ratio an iteration would have if everything but the env and
+the critic's arithmetic were free.
 PPO is split into SB3's rollout and its ``train()``, and compared with the env's own steps per second without
 gradients at the same number of environments.
 
@@ -298,14 +300,14 @@ def table(results: list[dict[str, Any]]) -> str:
     shac = [r for r in results if r["agent"] == "shac"]
     if shac:
         lines += ["| preset | method | N x H | iteration s | " + " | ".join(PHASES) + " | env window s | "
-                  "iteration / env | critic floor s | trigger rate |",
-                  "|---" * (len(PHASES) + 8) + "|"]
+                  "iteration / env | critic floor s | floor / env | trigger rate |",
+                  "|---" * (len(PHASES) + 9) + "|"]
         for r in shac:
             p = r["parts"]
             lines.append(f"| {r['preset']} | {r['method']} | {r['num_envs']} x {r['horizon']} | "
                          f"{p['iteration']:.3f} | " + " | ".join(f"{p[k]:.3f}" for k in PHASES)
                          + f" | {r['env_window']:.3f} | **{r['ratio']:.2f}** | {r['critic_floor']:.3f} | "
-                         f"{r['trigger_rate']:.3f} |")
+                         f"{1 + r['critic_floor'] / r['env_window']:.2f} | {r['trigger_rate']:.3f} |")
         by = {(r["preset"], r["method"]): r for r in shac}
         for preset in dict.fromkeys(r["preset"] for r in shac):
             if (preset, "bcg") in by and (preset, "bptt") in by:
