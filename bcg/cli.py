@@ -242,6 +242,9 @@ class Bench:
     """With --learning: SHAC estimators and/or ppo."""
     iterations: int = 5
     """With --learning: timed iterations per method (median reported; PPO half as many)."""
+    start: Path | None = None
+    """With --learning: a SHAC run of the timed preset to start from (the contact forces, hence bcg's trigger rate, of
+    a policy that tracks)."""
 
     def run(self) -> int:
         if self.learning:
@@ -251,6 +254,8 @@ class Bench:
                     "--torch-threads", str(self.torch_threads)]
             if self.json is not None:
                 argv += ["--json", str(self.json)]
+            if self.start is not None:
+                argv += ["--start", str(self.start)]
             learning_main(argv)
             return 0
         from bcg.evaluation.sim_throughput import main as bench_main

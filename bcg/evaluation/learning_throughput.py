@@ -179,16 +179,25 @@ def _shac_config(preset: str, method: str, motion: str, seed: int, overrides: di
 
 
 def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: int = 5, warmup: int = 2,
-                 seed: int = 0, overrides: dict[str, Any] | None = None,
+                 seed: int = 0, overrides: dict[str, Any] | None = None, start: str | Path | None = None,
                  progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Time ``iterations`` SHAC iterations of ``preset`` through estimator ``method``, alternating with windows of
     the bare differentiable env of the same size. Returns medians per iteration (seconds), the env window, their
-    ratio, and the critic fit's arithmetic floor."""
+    ratio, and the critic fit's arithmetic floor.
+
+    ``start``: a SHAC run directory or checkpoint of the same preset (any estimator) to start from, so that the
+    policy, and with it the contact forces and ``bcg``'s trigger rate, are those of a policy that tracks; the
+    estimator's own state is not carried over."""
     from bcg.agents.shac import make_env
     from bcg.agents.train import build_agent
 
     cfg = _shac_config(preset, method, motion, seed, overrides or {})
     agent = build_agent(cfg)
+    if start is not None:
+        from bcg.agents.checkpoint import load_checkpoint
+
+        state = dict(load_checkpoint(start).agent_state, estimator=None)
+        agent.load_state_dict(state)
     env = make_env(cfg.shac, cfg.env_config())
     env.reset(seed=seed)
     gen = torch.Generator().manual_seed(seed)
@@ -337,6 +346,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--torch-threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--start", type=Path, default=None,
+                    help="a SHAC run (of each preset timed) to start from: the trigger rate of a policy that tracks")
     args = ap.parse_args(argv)
     if args.iterations < 1 or args.warmup < 0:
         ap.error("--iterations must be >= 1 and --warmup >= 0")
@@ -353,7 +364,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                                            warmup=min(1, args.warmup), progress=say))
             else:
                 results.append(measure_shac(preset, method, motion=args.motion, iterations=args.iterations,
-                                            warmup=args.warmup, progress=say))
+                                            warmup=args.warmup, start=args.start, progress=say))
     print(table(results))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
