@@ -68,3 +68,19 @@ def test_fit_flops_count_forward_weight_and_input_gradients() -> None:
     # 10 -> 4 -> 1: forward 40 + 4 MACs, weight grads the same, input grad of the second layer 4 MACs
     assert _mlp_fit_flops(1, 10, (4,), 1, 1) == 2.0 * (2 * 44 + 4)
     assert critic_fit_flops(8, 10, (4,), 3, 2) == 3 * 8 * 2 * 2.0 * (2 * 44 + 4)
+
+
+def test_timing_starts_from_a_trained_run_of_another_estimator(tmp_path) -> None:
+    """--start loads a bptt run's agent (policy, critics, normalisers, env state) into the bcg agent being timed."""
+    from bcg.agents.checkpoint import save_checkpoint
+    from bcg.agents.train import build_agent
+    from bcg.evaluation.learning_throughput import _shac_config
+
+    trained = build_agent(_shac_config("cpu-small", "bptt", "jump", 0, TINY_SHAC))
+    for _ in range(2):
+        trained.train_iteration()
+    path = save_checkpoint(tmp_path / "iter_000002.pt", agent_state=trained.state_dict(), iteration=2, run_id="t",
+                           config={})
+    r = measure_shac("cpu-small", "bcg", iterations=1, warmup=0, overrides=TINY_SHAC, start=path)
+    assert r["start_iteration"] == 2 and r["method"] == "bcg" and r["parts"]["sim_fwd"] > 0
+    assert measure_shac("cpu-small", "bcg", iterations=1, warmup=0, overrides=TINY_SHAC)["start_iteration"] == 0

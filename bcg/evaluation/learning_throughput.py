@@ -198,6 +198,7 @@ def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: 
 
         state = dict(load_checkpoint(start).agent_state, estimator=None)
         agent.load_state_dict(state)
+    start_iteration = agent.iteration
     env = make_env(cfg.shac, cfg.env_config())
     env.reset(seed=seed)
     gen = torch.Generator().manual_seed(seed)
@@ -230,6 +231,7 @@ def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: 
         "trigger_rate": statistics.mean(triggers), "critic_loss_new": statistics.mean(critic_new),
         "critic_flops": flops, "matmul_rate": rate, "critic_floor": flops / rate,
         "update_threads": agent.update_threads, "torch_threads": torch.get_num_threads(),
+        "start_iteration": start_iteration,
         "critic": {"hidden": list(c.critic_hidden), "critics": c.num_critics, "passes": c.critic_iterations,
                    "minibatches": c.critic_minibatches},
     }
