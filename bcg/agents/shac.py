@@ -223,6 +223,11 @@ class Window:
     """[N, E] bool: episode ended at step t (terminated or truncated)."""
     stats: dict[str, float]
     """Rollout scalars (raw reward, tracking error, episodes, trigger rate, samples, unstable resets)."""
+    next_obs: torch.Tensor | None = None
+    """[N, E, D] the normalised observations ``next_values`` were computed from (the pre-reset ones where an episode
+    ended; detached), so that other critics can bootstrap the same window (benchmarks/critic_workload.py)."""
+    next_value_zero: torch.Tensor | None = None
+    """[N, E] bool: rows whose bootstrap is 0 whatever the critic (a fall, or a non-finite observation)."""
 
 
 class SHAC:
@@ -386,7 +391,7 @@ class SHAC:
             loss = loss * ret_std  # back to the reward's scale (DiffRL)
         critic_obs = normalize(torch.stack(steps.start_critic_obs)).detach()
         stats = self._window_stats(raw.detach(), dones, torch.stack(steps.tracking_error), steps)
-        return Window(loss, critic_obs, r.detach(), next_values, dones, stats)
+        return Window(loss, critic_obs, r.detach(), next_values, dones, stats, next_obs=boot, next_value_zero=zero)
 
     @torch.no_grad()
     def _window_stats(self, raw: torch.Tensor, dones: torch.Tensor, tracking: torch.Tensor,
