@@ -87,7 +87,7 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
 }
 """The action map of each preset (what ``--action-offset`` / ``--action-scale`` default to). cpu-small: residuals
 on the reference, 0.5 rad per unit of tanh(a); measured on the jump clip, this is what makes SHAC's progress visible
-within minutes (docs/shac.md). paper: METHOD.md 7.2's absolute targets around the default pose at the env's
+within minutes (docs/shac.md). paper: docs/method.md §7.2's absolute targets around the default pose at the env's
 per-joint scale."""
 
 

@@ -1,4 +1,4 @@
-"""Observation and feature computation of the G1 tracking environments (METHOD.md section 7.1), in batched torch.
+"""Observation and feature computation of the G1 tracking environments (docs/method.md §7.1), in batched torch.
 
 Everything here is differentiable with torch autograd and works in float32 or float64. Frames: ``_w`` world,
 ``_h`` heading frame (the world frame rotated about z by the root's yaw, origin at the root). Quaternions are
