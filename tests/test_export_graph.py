@@ -93,6 +93,8 @@ def test_onnx_metadata(setup):
     np.testing.assert_array_equal(np.float32(_csv(props["default_joint_pos"])), pol.default_joint_pos.numpy())
     np.testing.assert_array_equal(np.float32(_csv(props["action_scale"])), pol.action_scale.numpy())
     assert float(props["control_rate_hz"]) == pytest.approx(50.0)
+    assert int(props["substeps"]) * float(props["sim_dt"]) == pytest.approx(float(props["control_dt"]))
+    assert (int(props["substeps"]), float(props["sim_dt"])) == (4, 0.005)  # the simulator's defaults, written out
     assert props["mjcf_sha256"] == file_sha256(g1.MJCF_PATH)
     assert props["action_offset"] == pol.action_offset
     layout = list(zip(props["observation_names"].split(","), map(int, props["observation_sizes"].split(",")),

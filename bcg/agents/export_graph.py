@@ -89,14 +89,17 @@ def graph_metadata(policy: ExportedPolicy) -> dict[str, Any]:
     """Everything a deployment stack needs besides the graph: joint order, PD gains, torque limits, default pose,
     action scale and map, control rate, observation layout, input and output names, MJCF hash, clip, provenance."""
     from bcg.robots import g1
+    from bcg.sim.model import ContactParams
 
     meta = policy.meta
     env = dict(meta.get("env", {}))
+    # None in the env options means the simulator's default: write the numbers a deployment loop steps with
+    substeps = int(env.get("substeps") or ContactParams().substeps)
+    sim_dt = float(env.get("sim_dt") or ContactParams().dt)
     a = int(meta["action_dim"])
     inputs = [{"name": "obs", "shape": ["batch", int(meta["obs_dim"])], "dtype": "float32"}]
     if policy.action_offset == "reference":
         inputs.append({"name": "reference_joint_pos", "shape": ["batch", a], "dtype": "float32", "unit": "rad"})
-    substeps = env.get("substeps")
     return {
         "format": GRAPH_FORMAT,
         "format_version": GRAPH_FORMAT_VERSION,
@@ -113,7 +116,7 @@ def graph_metadata(policy: ExportedPolicy) -> dict[str, Any]:
         "action_map": str(meta.get("action_map", "")),
         "control_dt": float(meta["control_dt"]),
         "control_rate_hz": 1.0 / float(meta["control_dt"]),
-        "sim_dt": env.get("sim_dt"),
+        "sim_dt": sim_dt,
         "substeps": substeps,
         "obs_dim": int(meta["obs_dim"]),
         "observation_names": [str(n) for n, _ in policy.observation_layout],
