@@ -164,3 +164,9 @@ def test_cli_export_and_evaluate_same_metrics(tmp_path):
                 else:
                     assert got[sim][key] == value, (name, sim, key)
         assert [e["length"] for e in got["episodes"]["mujoco"]] == [e["length"] for e in ref["episodes"]["mujoco"]]
+
+
+def test_onnx_export_is_deterministic(setup, tmp_path):
+    _, pol, graphs = setup
+    again = export_graph(pol, tmp_path / "again.onnx")
+    assert again.read_bytes() == graphs["onnx"].path.read_bytes()

@@ -43,7 +43,7 @@ GRAPH_FORMAT_VERSION = 1
 GRAPH_FORMATS = ("onnx", "torchscript")
 """The graph formats :func:`export_graph` writes."""
 ONNX_OPSET = 17
-"""ONNX opset of the exported graphs (LayerNormalization needs >= 17; every onnxruntime since 1.14 runs it)."""
+"""ONNX opset of the exported graphs (the first with LayerNormalization; tested with onnxruntime 1.32)."""
 METADATA_FILE = "bcg_policy.json"
 """Name of the JSON metadata inside a TorchScript archive (``torch.jit.load(..., _extra_files=...)``)."""
 
