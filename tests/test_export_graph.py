@@ -5,6 +5,7 @@ file's metrics."""
 from __future__ import annotations
 
 import json
+import warnings
 import zipfile
 
 import gymnasium as gym
@@ -110,7 +111,9 @@ def test_onnx_metadata(setup):
 def test_torchscript_metadata(setup):
     _, pol, graphs = setup
     extra = {METADATA_FILE: ""}
-    torch.jit.load(str(graphs["torchscript"].path), _extra_files=extra)
+    with warnings.catch_warnings():  # torch.jit is deprecated, and still what deployment stacks load
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.load(str(graphs["torchscript"].path), _extra_files=extra)
     meta = json.loads(extra[METADATA_FILE])
     assert meta == graphs["onnx"].meta  # one metadata dict for both formats
     assert meta["joint_stiffness"] == [float(x) for x in g1.KP] and meta["control_dt"] == pytest.approx(0.02)
@@ -170,3 +173,19 @@ def test_onnx_export_is_deterministic(setup, tmp_path):
     _, pol, graphs = setup
     again = export_graph(pol, tmp_path / "again.onnx")
     assert again.read_bytes() == graphs["onnx"].path.read_bytes()
+
+
+def test_policy_without_observation_clip(setup, tmp_path):
+    """A normaliser without a clip exports too (no clamp in the graph): large observations pass unclipped."""
+    env, _, _ = setup
+    torch.manual_seed(4)
+    net = nn.Sequential(nn.Linear(env.obs_dim, 16), nn.ELU(), nn.Linear(16, 29))
+    zeros, ones = torch.zeros(env.obs_dim, dtype=torch.float64), torch.ones(env.obs_dim, dtype=torch.float64)
+    exp = policy_export(net, zeros, ones, obs_eps=0.0, obs_clip=None, env=env, agent="test")
+    pol = ExportedPolicy(exp["meta"], exp["tensors"])
+    obs = 50.0 * torch.randn(8, env.obs_dim)
+    ref = torch.zeros(8, 29) if pol.action_offset == "reference" else None
+    for fmt, name in (("onnx", "p.onnx"), ("torchscript", "p_jit.pt")):
+        _, actions = load_graph_policy(export_graph(pol, tmp_path / name, fmt))(obs, ref)
+        with torch.no_grad():
+            assert (actions - pol(obs)).abs().max() <= TOL * max(1.0, float(pol(obs).abs().max()))
