@@ -22,6 +22,7 @@ of mjlab and BeyondMimic exporters, full float precision), everything else as JS
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import warnings
@@ -77,8 +78,6 @@ class PolicyGraph(nn.Module):
 
 def _copy_net(net: nn.Sequential) -> nn.Sequential:
     """A detached copy of the mean network (the export must not change the loaded policy)."""
-    import copy
-
     out = copy.deepcopy(net).eval()
     for p in out.parameters():
         p.requires_grad_(False)
