@@ -318,18 +318,22 @@ class Train:
 
 @dataclass(frozen=True)
 class Export:
-    """Write the self-contained policy file (weights, normaliser, action map, MJCF hash) of a run's checkpoint."""
+    """Write a run's policy: a self-contained torch file, or an ONNX / TorchScript graph for deployment stacks."""
 
     run_dir: tyro.conf.Positional[Path]
-    """Run directory (its latest checkpoint) or a checkpoint file."""
+    """Run directory (its latest checkpoint), a checkpoint file, or a policy file to convert (onnx, torchscript)."""
     out: Path | None = None
-    """Output file (default: RUN/policy.pt)."""
+    """Output file (default: RUN/policy.pt, RUN/policy.onnx or RUN/policy_jit.pt)."""
+    format: Literal["torch", "onnx", "torchscript"] = "torch"
+    """torch: weights, normaliser, action map and MJCF hash for `bcg evaluate`; onnx / torchscript: one graph from
+    observation to PD joint targets with the joint names, gains, default pose, action scale, control rate,
+    observation layout and MJCF hash as metadata (docs/deploy.md)."""
 
     def run(self) -> int:
         from bcg.agents.train import export_run
 
         try:
-            path = export_run(self.run_dir, self.out)
+            path = export_run(self.run_dir, self.out, self.format)
         except (ValueError, TypeError, FileNotFoundError) as exc:
             print(f"bcg export: error: {exc}", file=sys.stderr)
             return 2

@@ -48,7 +48,7 @@ def test_make_vec_is_native_batched_env(motion_path: Path) -> None:
     assert env.motion.num_frames == 51
     obs, info = env.reset(seed=0)
     assert obs.shape == (3, env.obs_dim) and obs.dtype == torch.float32
-    assert env.obs_dim == 849  # METHOD.md 7.1 for the G1, derived from the model
+    assert env.obs_dim == 849  # docs/method.md §7.1 for the G1, derived from the model
     assert env.single_action_space.shape == (29,)
     names = [n for n, _ in env.observation_layout]
     assert names[0] == "root_height" and names[-1] == "ref3_key_pos_h"
@@ -274,7 +274,7 @@ def test_domain_randomization(motion_path: Path) -> None:
     env = make_vec(motion_path, 4, domain_randomization=dr)
     obs, info = env.reset(seed=11)
     ph, base = env.physics, env.model
-    # physical parameters: one independent draw per environment, within the METHOD.md 7.3 ranges
+    # physical parameters: one independent draw per environment, within the docs/method.md §7.3 ranges
     assert ph is not None and ((ph.mu >= 0.3) & (ph.mu <= 1.2)).all() and ph.mu.unique().numel() == 4
     ratio = ph.kp / torch.as_tensor(base.kp, dtype=torch.float32)
     assert torch.allclose(ratio, ratio[:, :1]) and ((ratio >= 0.8) & (ratio <= 1.2)).all()

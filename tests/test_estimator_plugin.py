@@ -1,5 +1,5 @@
 """The estimator plugin path, proved by a fourth estimator that lives outside ``bcg``: the alpha-order batched
-gradient of ``plugins/bcg-aobg`` (METHOD.md 4.1 / 4.3). (a) an entry point declared in a temporary distribution
+gradient of ``plugins/bcg-aobg`` (docs/method.md §4.1 / 4.3). (a) an entry point declared in a temporary distribution
 brings it into ``make`` and ``bcg estimators list`` (nothing installed into site-packages); (b) alpha = 1 is ``grs``
 with the same perturbations; (c) alpha = 0 is the hand-computed ZoBG; (d) on linear dynamics the ZoBG Jacobian
 converges to A at the rate of its standard error; (e) the bias-constrained alpha on hand-made samples (every case
@@ -249,7 +249,7 @@ def test_bias_constrained_alpha_by_hand(aobg) -> None:
     gamma, L, delta = 2.0, 0.1, 0.95
     alpha, case = bias_constrained_alpha(fo, zo, keep, gamma, L, delta)
     want_a, want_c = [], []
-    for r in range(3):  # the rule of METHOD.md 4.1, written out with Python floats
+    for r in range(3):  # the rule of docs/method.md §4.1, written out with Python floats
         N, d = 4, 2
         m1 = [sum(fo[r, i, j].item() for i in range(N)) / N for j in range(d)]
         m0 = [sum(zo[r, i, j].item() for i in range(N)) / N for j in range(d)]

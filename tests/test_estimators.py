@@ -1,5 +1,5 @@
 """The gradient-estimator registry (issue 9): registry, decorator and entry-point plugins, ``bptt`` bit-identical to
-the env without an estimator, and the invariants of ``grs`` (METHOD.md 3.9): zero perturbation = bptt, the mean over
+the env without an estimator, and the invariants of ``grs`` (docs/method.md §3.9): no perturbation = bptt, the mean over
 branches and the mean of branch gradients, determinism with a seed, non-finite branches dropped, antithetic pairs,
 the quaternion mean."""
 

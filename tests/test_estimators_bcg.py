@@ -134,7 +134,7 @@ def test_one_row_per_environment() -> None:
 
 
 def test_gradient_of_a_two_step_bundle_is_the_mean_of_branch_gradients() -> None:
-    """METHOD.md 3.9 (4) through a whole bundle (H = 2, B = 3, shared actions): autograd of a loss linear in the
+    """docs/method.md §3.9 (4) through a whole bundle (H = 2, B = 3, shared actions): autograd of a loss linear in the
     bundle's final mean equals the mean of the gradients of the branches simulated one by one; every branch keeps its
     own state and sensitivity across the two steps."""
     from bcg.estimators.grs import joint_gaussian_offsets
@@ -173,7 +173,7 @@ def test_gradient_of_a_two_step_bundle_is_the_mean_of_branch_gradients() -> None
 
 
 def test_antithetic_pairs_on_linear_dynamics_give_the_nominal_step() -> None:
-    """METHOD.md 3.9 (3): with a linear inner step and antithetic offsets (away from the joint limits) the branch
+    """docs/method.md §3.9 (3): with a linear inner step and antithetic offsets (away from the joint limits) the branch
     mean is the nominal next state, for grs and for a bcg bundle over both of its steps."""
     from bcg.estimators.grs import GRS
 
@@ -216,7 +216,7 @@ def _plain_env(est, **kw):
 
 
 def test_an_autoreset_inside_an_open_bundle_closes_it() -> None:
-    """METHOD.md 3.9 / issue 9: a bundle never straddles a reset. Episodes of 2 steps, bundles of H = 3: env 1 is
+    """docs/method.md §3.9 / issue 9: a bundle never straddles a reset. Episodes of 2 steps, bundles of H = 3: env 1 is
     reset by hand after step 0, so at step 1 envs 0 and 2 are inside their bundles and truncate (autoreset) while
     env 1 opened a new one. At step 2 envs 0 and 2 must start new bundles from their new episodes (not continue with
     the old episode's branch offsets), env 1 continues; the result equals an estimator whose bundles of envs 0 and 2

@@ -1,4 +1,4 @@
-"""The Cartesian perturbation law (METHOD.md 3.4, issue 9): end-link Jacobians against finite differences, the
+"""The Cartesian perturbation law (docs/method.md §3.4, issue 9): end-link Jacobians against finite differences, the
 covariance of J dq against sigma_p^2 I (3.9 (5)), the per-joint cap near a stretched knee, only chain hinges move."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The gradient-variance study (issue 9, METHOD.md 3.10): the machinery (per-environment gradients from the batched
+"""The gradient-variance study (docs/method.md §3.10): the machinery (per-environment gradients from the batched
 parameters, the statistics, the zeroth-order reference) and the measured claim on a stiff-contact window."""
 
 from __future__ import annotations

@@ -380,7 +380,7 @@ def test_fast_kinematics_matches_reference_oracle(model):
 
 
 def test_disc_features_match_mujoco_recomputation(model, g1_mj):
-    """Every block of the 233-D ADD features against MuJoCo kinematics and scipy rotations (METHOD.md 6.3)."""
+    """Every block of the 233-D ADD features against MuJoCo kinematics and scipy rotations (docs/method.md §6.3)."""
     import mujoco
     from scipy.spatial.transform import Rotation
 

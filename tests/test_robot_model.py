@@ -17,7 +17,7 @@ from bcg.robots.g1 import make_mjcf
 
 SHARED_G1 = Path(__file__).resolve().parents[2] / "shared" / "robots" / "g1"
 
-# METHOD.md 9.1 joint order (hinges after the free joint), written out independently of the package.
+# docs/method.md §9.1 joint order (hinges after the free joint), written out independently of the package.
 METHOD_JOINT_ORDER = [
     f"{n}_joint"
     for n in (

@@ -2,7 +2,7 @@
 
 Each kernel is checked on its own: its float inputs (produced by a real substep with the feet in contact) are
 perturbed along a random direction, and the tape's directional derivative of a random linear functional of all
-its outputs is compared with central differences (SIM_NOTES.md section 9 explains why this is mandatory: the
+its outputs is compared with central differences (docs/simulator.md's Warp autodiff rules say why this is mandatory: the
 traps give finite but wrong gradients).
 """
 
@@ -234,7 +234,7 @@ GUARD_GRAD = 2.5e-5
 
 
 def test_loop_carried_value_is_reloaded_before_nonlinear_use():
-    """SIM_NOTES 9.1: y = (sum x)^2 with a run-time trip count; the store-and-reload pattern gives dy/dx = 2 sum."""
+    """Loop-carried sums: y = (sum x)^2 with a run-time trip count; the store-and-reload pattern gives dy/dx = 2 sum."""
     x = wp.array([1.0, 2.0, 3.0], dtype=float, requires_grad=True)
     tmp = wp.zeros(1, dtype=float, requires_grad=True)
     y = wp.zeros(1, dtype=float, requires_grad=True)
@@ -246,7 +246,7 @@ def test_loop_carried_value_is_reloaded_before_nonlinear_use():
 
 
 def test_off_diagonal_mass_matrix_gradient_through_ancestor_table(g1_model):
-    """SIM_NOTES 9.2: a `while` walk up the tree silently drops the off-diagonal dH/dq terms. Our ancestor-table
+    """No `while` loops: a `while` walk up the tree silently drops the off-diagonal dH/dq terms. Our ancestor-table
     walk must give the gradient of an off-diagonal entry (hip pitch / knee coupling) of the float64 oracle."""
     from bcg.sim import reference
     from bcg.sim.engine import StepArrays as SA
@@ -275,7 +275,7 @@ def test_off_diagonal_mass_matrix_gradient_through_ancestor_table(g1_model):
 
 
 def test_gradients_finite_far_from_contact(g1_model):
-    """SIM_NOTES 9.4 and the friction-disc sqrt: with every sphere 2 m above the ground (kappa d = -600) and all
+    """Overflow-free logistic, friction-disc sqrt: with every sphere 2 m above the ground (kappa d = -600) and all
     impulses exactly zero, the backward pass must stay finite."""
     from bcg.sim import step
 

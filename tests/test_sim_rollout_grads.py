@@ -1,4 +1,4 @@
-"""Gradients of whole 32-step rollouts through contact (SIM_NOTES.md 13.2 set-up), at kappa 50, 100 and 300.
+"""Gradients of whole 32-step rollouts through contact, at kappa 50, 100 and 300.
 
 Analytic: the Warp tape through the torch bridge (float32). Oracle: central finite differences of the float64
 torch reference. Scenario: stand pose targets plus 0.1 rad noise per step and joint, with the left and right feet

@@ -288,6 +288,13 @@ def test_shac_resume_equals_uninterrupted_and_export(tmp_path, capsys):
     assert torch.equal(pol.action_to_target(a, ref_next), agent.env.action_to_target(a))
     with pytest.raises(ValueError, match="reference_joint_pos"):
         pol.action_to_target(a)
+    # the deployment graph of the same checkpoint (RUN/policy.onnx): the same actions and targets
+    from bcg.agents.graph_policy import load_graph_policy
+
+    assert main(["export", str(part.run_dir), "--format", "onnx"]) == 0
+    targets, actions = load_graph_policy(part.run_dir / "policy.onnx")(obs, ref_next)
+    assert (actions - expected).abs().max() <= 1e-5
+    assert (targets - agent.env.action_to_target(expected)).abs().max() <= 1e-5
 
 
 @pytest.mark.slow

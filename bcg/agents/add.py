@@ -1,4 +1,4 @@
-"""ADD imitation reward (METHOD.md 6): an adversarial *differential* discriminator on normalised residuals.
+"""ADD imitation reward (docs/method.md §6): an adversarial *differential* discriminator on normalised residuals.
 
 The residual of a step is Delta = phi(reference) - phi(simulated) [N, 233], the 233-D discriminator features of
 :func:`bcg.motion.features.disc_features` (one function for the robot and for the reference) at the phase-matched
@@ -39,7 +39,7 @@ __all__ = ["ADDConfig", "ADDReward", "DiffNormalizer", "ResidualReplay", "build_
 
 @dataclass(frozen=True)
 class ADDConfig:
-    """Options of the ADD reward and its discriminator (defaults: MimicKit's ``add_g1_agent.yaml``, METHOD.md 6.2)."""
+    """Options of the ADD reward and its discriminator (MimicKit's ``add_g1_agent.yaml``; docs/method.md §6.2)."""
 
     hidden: tuple[int, ...] = (1024, 512)
     """Hidden layer widths of the discriminator MLP (ReLU)."""
@@ -68,7 +68,7 @@ class ADDConfig:
     replay_push: int = 1000
     """Once the replay buffer is full, this many random new residuals are pushed per update (before: all)."""
     action_rate_weight: float = 0.0
-    """Weight w of an extra -w |a_t - a_{t-1}|^2 term (actions before tanh). The paper uses 0.8 (METHOD.md 6.4);
+    """Weight w of an extra -w |a_t - a_{t-1}|^2 term (actions before tanh). The paper uses 0.8 (docs/method.md §6.4);
     off by default because a negative per-step term teaches an exploring policy to end episodes early (docs/envs.md)."""
 
     def __post_init__(self) -> None:

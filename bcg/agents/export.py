@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["POLICY_FORMAT", "POLICY_FORMAT_VERSION", "ExportedPolicy", "PolicyFileError", "file_sha256",
-           "load_policy", "policy_export", "read_torch_file", "save_policy"]
+__all__ = ["POLICY_FORMAT", "POLICY_FORMAT_VERSION", "ExportedPolicy", "PolicyFileError", "check_mjcf_hash",
+           "file_sha256", "load_policy", "policy_export", "read_torch_file", "save_policy"]
 
 POLICY_FORMAT = "bcg-policy"
 """Format tag stored in every policy file."""
@@ -250,10 +250,16 @@ class ExportedPolicy(nn.Module):
 
     def check_mjcf(self, path: str | Path) -> None:
         """Raise :class:`PolicyFileError` unless the MJCF at ``path`` is the one the policy was trained on."""
-        h = file_sha256(path)
-        if h != self.mjcf_sha256:
-            raise PolicyFileError(f"{path}: sha256 {h[:12]}... differs from the policy's MJCF "
-                                  f"{self.mjcf_sha256[:12]}... ({self.meta.get('mjcf_file')})")
+        check_mjcf_hash(path, self.mjcf_sha256, self.meta.get("mjcf_file"))
+
+
+def check_mjcf_hash(path: str | Path, expected_sha256: str, name: Any = None) -> None:
+    """Raise :class:`PolicyFileError` unless the file at ``path`` has the sha256 ``expected_sha256`` (hex) that a
+    policy recorded for its MJCF (``name``: the MJCF's file name, for the message)."""
+    h = file_sha256(path)
+    if h != expected_sha256:
+        raise PolicyFileError(f"{path}: sha256 {h[:12]}... differs from the policy's MJCF "
+                              f"{expected_sha256[:12]}... ({name})")
 
 
 def read_torch_file(path: str | Path, what: str, error: type[ValueError] = PolicyFileError) -> Any:

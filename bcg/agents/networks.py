@@ -1,11 +1,11 @@
 """Networks of the first-order agents (SHAC): a Gaussian actor, a critic MLP and an ensemble of critics.
 
-Layout as in DiffRL (``models/actor.py``, ``models/critic.py``; METHOD.md 5.1): every hidden layer is
+Layout as in DiffRL (``models/actor.py``, ``models/critic.py``; docs/method.md §5.1): every hidden layer is
 Linear -> activation -> LayerNorm. The actor's mean network is a plain :class:`torch.nn.Sequential` of ``Linear``,
 activation and ``LayerNorm`` modules, so that :func:`bcg.agents.export.policy_export` can write it out. Its
 log-std is one learned parameter per action dimension, independent of the state.
 
-Initialisation (METHOD.md 5.1): critics orthogonal with gain sqrt(2) and zero biases (every layer, the output layer
+Initialisation (docs/method.md §5.1): critics orthogonal, gain sqrt(2), zero biases (every layer, the output layer
 included); the stochastic actor's mean network keeps PyTorch's default initialisation.
 """
 

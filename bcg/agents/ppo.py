@@ -1,4 +1,4 @@
-"""PPO baseline on stable-baselines3 (METHOD.md 8): the same batched environment, gradients off.
+"""PPO baseline on stable-baselines3 (docs/method.md §8): the same batched environment, gradients off.
 
 The environment is :class:`bcg.envs.G1TrackingVectorEnv` behind the SB3 adapter :class:`bcg.envs.sb3.SB3VecEnv`
 (one simulator call per step for all environments), wrapped in SB3's ``VecNormalize(norm_obs=True,
@@ -7,7 +7,7 @@ norm_reward=False)``. Observations, reward (the env's own, or :class:`bcg.agents
 
 What SB3 lacks and this module adds:
 
-* **rsl_rl's adaptive-KL learning rate** (METHOD.md 8.2), applied after each minibatch. A callback cannot do it: SB3
+* **rsl_rl's adaptive-KL learning rate** (docs/method.md §8.2), after each minibatch. A callback cannot do it: SB3
   calls callbacks per environment step and at rollout boundaries, never between minibatches. So
   :class:`AdaptiveKLPPO` subclasses ``PPO``: its ``train()`` wraps SB3's own (a snapshot of the rollout policy's
   mean network and std is taken first), and the policy (:class:`KLPolicy`) reports every minibatch's action
@@ -57,7 +57,7 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {"elu": nn.ELU, "relu": nn.ReLU, "tan
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """PPO settings (defaults: the BCG paper's, METHOD.md 8.1, mapped onto SB3 as in 8.3)."""
+    """PPO settings (defaults: the BCG paper's, docs/method.md §8.1, mapped onto SB3 as in 8.3)."""
 
     num_envs: int = 4096
     """Parallel environments (one batched simulator call per step)."""
@@ -166,7 +166,7 @@ PRESETS: dict[str, PPOConfig] = {
     "paper": PPOConfig(),
     "cpu-small": PPOConfig(num_envs=64),
 }
-"""``paper``: METHOD.md 8.1 (4096 environments); ``cpu-small``: 64 environments, otherwise the same (1536 samples
+"""``paper``: docs/method.md §8.1 (4096 environments); ``cpu-small``: 64 environments, otherwise the same (1536 samples
 per iteration; see docs/add_ppo.md for its cost)."""
 
 
@@ -174,7 +174,7 @@ per iteration; see docs/add_ppo.md for its cost)."""
 
 
 def gaussian_kl(mu_old: torch.Tensor, sigma_old: torch.Tensor, mu: torch.Tensor, sigma: torch.Tensor) -> torch.Tensor:
-    """KL(old || new) [B] of diagonal Gaussians [B, A] (or broadcastable), rsl_rl's expression (METHOD.md 8.2):
+    """KL(old || new) [B] of diagonal Gaussians [B, A] (or broadcastable), rsl_rl's expression (docs/method.md §8.2):
     sum_j log(sigma_j / sigma_old_j + 1e-5) + (sigma_old_j^2 + (mu_old_j - mu_j)^2) / (2 sigma_j^2) - 1/2."""
     kl = (torch.log(sigma / sigma_old + 1.0e-5)
           + (sigma_old.pow(2) + (mu_old - mu).pow(2)) / (2.0 * sigma.pow(2)) - 0.5)

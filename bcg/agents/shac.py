@@ -1,6 +1,6 @@
 """SHAC: Short-Horizon Actor-Critic (Xu et al., ICLR 2022) through a pluggable gradient estimator.
 
-A single-file reference implementation (METHOD.md section 5), read top to bottom:
+A single-file reference implementation (docs/method.md §5), read top to bottom:
 
 1. :class:`SHACConfig` (the paper's settings as defaults) and :data:`PRESETS`;
 2. the **rollout** of one window: N control steps of E environments through the configured estimator (``bptt``,
@@ -14,7 +14,7 @@ gradient crosses windows), the observation normaliser is frozen for the window w
 updating, the actor is differentiated through the simulator over the window, then the critics regress TD(lambda)
 targets of the same window.
 
-Guards (METHOD.md 10.2, R1/R2): an actor or critic step whose gradient norm before clipping is non-finite or above
+Guards (docs/method.md §10.2, R1/R2): an actor or critic step whose gradient norm before clipping is non-finite or above
 ``SHACConfig.skip_grad_norm`` is skipped (never applied) and counted; environments whose state became non-finite
 are reset by the environment (reward 0, terminated, gradient blocked) and counted from ``info["num_unstable"]``;
 a time-out's bootstrap value is 0 when its pre-reset observation is non-finite or beyond ``max_bootstrap_obs``.
@@ -50,7 +50,7 @@ modules, are converted on load)."""
 
 @dataclass(frozen=True)
 class SHACConfig:
-    """Options of SHAC (defaults: METHOD.md 5.3, BCG's SHAC table, and 5.4's SAPO conventions where it is silent)."""
+    """Options of SHAC (defaults: docs/method.md §5.3, BCG's SHAC table; §5.4's SAPO conventions where it is silent)."""
 
     num_envs: int = 64
     """E, parallel environments (BCG: 64 for SHAC+BCG, 128 for vanilla SHAC)."""
@@ -182,7 +182,7 @@ PRESETS: dict[str, SHACConfig] = {
                             critic_hidden=(128, 128), target_critic_alpha=0.0, actor_lr=3e-4, init_action_std=0.02,
                             actor_output_scale=0.01, actor_bootstrap_warmup=200),
 }
-"""Named configurations: ``"paper"`` (METHOD.md 5.3) and ``"cpu-small"`` (2 CPU cores, meant with the env's
+"""Named configurations: ``"paper"`` (docs/method.md §5.3) and ``"cpu-small"`` (2 CPU cores, meant with the env's
 residual action map, ``bcg train``'s cpu-small default: the deterministic policy's tracking error on jump falls from
 24.5 to 16.9 cm in 60 iterations, about 90 s; docs/shac.md)."""
 
@@ -328,7 +328,7 @@ class SHAC:
     def _rollout(self, norm: FrozenNormalizer | None, ret_std: float) -> Window:
         """One window of N steps from the current (detached) state; returns the actor loss and the critic data.
 
-        Actor loss (METHOD.md 5.1 step 3), minimised, per environment and per segment [t0, t1] of the window
+        Actor loss (docs/method.md §5.1 step 3), minimised, per environment and per segment [t0, t1] of the window
         (a segment ends at an episode end or at the window end; discount and sum restart after an episode end):
         ``-(sum_t gamma^(t - t0) r_t + gamma^(t1 - t0 + 1) V(s_{t1 + 1}))``, summed and divided by N E. The bootstrap
         V is the mean over the target critics of the next (noise-free, normalised) observation, differentiated
@@ -425,7 +425,7 @@ class SHAC:
     @staticmethod
     def td_lambda_targets(rewards: torch.Tensor, next_values: torch.Tensor, dones: torch.Tensor, gamma: float,
                           lam: float) -> torch.Tensor:
-        """TD(lambda) critic targets [N, E] of a window (METHOD.md 5.1 step 5), computed backwards:
+        """TD(lambda) critic targets [N, E] of a window (docs/method.md §5.1 step 5), computed backwards:
 
         ``V~_t = r_t + gamma ((1 - lam) V'_{t+1} + lam V~_{t+1})`` where the episode goes on, and
         ``V~_t = r_t + gamma V'_{t+1}`` where it ended at step t (``dones[t]``) and at the window's last step.

@@ -87,7 +87,7 @@ ENV_PRESETS: dict[str, dict[str, Any]] = {
 }
 """The action map of each preset (what ``--action-offset`` / ``--action-scale`` default to). cpu-small: residuals
 on the reference, 0.5 rad per unit of tanh(a); measured on the jump clip, this is what makes SHAC's progress visible
-within minutes (docs/shac.md). paper: METHOD.md 7.2's absolute targets around the default pose at the env's
+within minutes (docs/shac.md). paper: docs/method.md §7.2's absolute targets around the default pose at the env's
 per-joint scale."""
 
 
@@ -811,16 +811,36 @@ def train(cfg: TrainConfig, *, agent_factory: Callable[[TrainConfig], Any] = bui
     return TrainResult(run_dir=run_dir, status=status, agent=agent)
 
 
-def export_run(run: str | Path, out: str | Path | None = None) -> Path:
-    """Write the self-contained policy of a run's latest checkpoint (or of a checkpoint file) to ``out`` (default
-    ``RUN/policy.pt``); rebuilds the agent from the checkpoint's config. Returns the file written."""
-    from bcg.agents.export import save_policy
+EXPORT_FILES = {"torch": "policy.pt", "onnx": "policy.onnx", "torchscript": "policy_jit.pt"}
+"""Default file name in the run directory of each export format."""
 
-    path = latest_checkpoint(run)
-    ckpt = load_checkpoint(path)
-    cfg = config_from_dict(ckpt.config)
-    agent = build_agent(dataclasses.replace(cfg, resume=None))
-    verify_state_fits(ckpt.agent_state, agent.state_dict(), ckpt.path)
-    agent.load_state_dict(ckpt.agent_state)
-    dest = Path(out) if out is not None else run_dir_of(ckpt.path) / "policy.pt"
-    return save_policy(dest, agent.export_policy())
+
+def export_run(run: str | Path, out: str | Path | None = None, fmt: str = "torch") -> Path:
+    """Write the policy of a run's latest checkpoint (or of a checkpoint file) to ``out`` (default
+    ``RUN/`` + :data:`EXPORT_FILES` ``[fmt]``); rebuilds the agent from the checkpoint's config. ``fmt``: ``"torch"``
+    (the self-contained policy file of :mod:`bcg.agents.export`), ``"onnx"`` or ``"torchscript"`` (a deployment
+    graph, :mod:`bcg.agents.export_graph`). ``run`` may also be a policy file (``policy.pt``), which is converted.
+    Returns the file written."""
+    from bcg.agents.export import POLICY_FORMAT, ExportedPolicy, load_policy, read_torch_file, save_policy
+
+    if fmt not in EXPORT_FILES:
+        raise ValueError(f"format must be one of {tuple(EXPORT_FILES)}, got {fmt!r}")
+    src = Path(run)
+    obj = read_torch_file(src, "policy file") if src.is_file() else None
+    if isinstance(obj, dict) and obj.get("format") == POLICY_FORMAT:  # an exported policy: convert it
+        if fmt == "torch":
+            raise ValueError(f"{src} is already a torch policy file; choose --format onnx or torchscript")
+        policy, run_dir = load_policy(src), src.parent
+    else:
+        ckpt = load_checkpoint(latest_checkpoint(run))
+        cfg = config_from_dict(ckpt.config)
+        agent = build_agent(dataclasses.replace(cfg, resume=None))
+        verify_state_fits(ckpt.agent_state, agent.state_dict(), ckpt.path)
+        agent.load_state_dict(ckpt.agent_state)
+        export, run_dir = agent.export_policy(), run_dir_of(ckpt.path)
+        if fmt == "torch":
+            return save_policy(Path(out) if out is not None else run_dir / EXPORT_FILES[fmt], export)
+        policy = ExportedPolicy(export["meta"], export["tensors"])
+    from bcg.agents.export_graph import export_graph
+
+    return export_graph(policy, Path(out) if out is not None else run_dir / EXPORT_FILES[fmt], fmt)

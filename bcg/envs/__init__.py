@@ -21,6 +21,7 @@ _LAZY: dict[str, str] = {
     "make_sb3_vec_env": "bcg.envs.sb3",
     "DomainRandomization": "bcg.envs.randomization",
     "TrackingReward": "bcg.envs.rewards",
+    "TrackingObservation": "bcg.envs.observations",
     "StepContext": "bcg.envs.rewards",
     "ENV_IDS": "bcg.envs.registration",
     "register_envs": "bcg.envs.registration",

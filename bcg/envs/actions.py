@@ -1,6 +1,6 @@
 """The action mapping of the G1 tracking environments: actions to PD joint targets and back.
 
-q_des = q_default + offset + s_a tanh(a)  (METHOD.md 7.2), with the per-joint scale s_a chosen so that every target
+q_des = q_default + offset + s_a tanh(a)  (docs/method.md §7.2) with the per-joint scale s_a chosen so that every target
 inside the joint range is reached by an action with |a| <= ``reach``: s_a = max(hi - q_default, q_default - lo) /
 tanh(reach). The inverse is a = atanh((q_des - q_default - offset) / s_a), with targets beyond the reach of the
 tanh clamped to |a| <= :data:`MAX_INVERSE_ACTION`.

@@ -21,7 +21,7 @@ __all__ = ["EnvConfig", "ObservationNoise", "check_count"]
 
 @dataclass(frozen=True)
 class ObservationNoise:
-    """Half-widths of the uniform observation noise U(-n, n) per observation term (METHOD.md 7.1), used when
+    """Half-widths of the uniform observation noise U(-n, n) per observation term (docs/method.md §7.1), used when
     domain randomisation turns observation noise on. Terms not listed get none."""
 
     root_rot_h: float = 0.05
@@ -78,7 +78,7 @@ class EnvConfig:
     differentiable: bool = False
     """Keep the autograd graph through the simulator (vector env only); otherwise steps run under no_grad."""
     domain_randomization: bool | DomainRandomization = False
-    """False (off), True (METHOD.md 7.3 ranges) or a DomainRandomization."""
+    """False (off), True (docs/method.md §7.3 ranges) or a DomainRandomization."""
     observation_noise: ObservationNoise = field(default_factory=ObservationNoise)
     """Half-widths of the observation noise (applied only when domain randomisation turns the noise on)."""
     reward: str | Callable[..., Any] = "tracking"
@@ -88,7 +88,7 @@ class EnvConfig:
     the default pose to its farther joint limit divided by tanh(0.9), so that every target inside the joint range
     is reached with |a| <= 0.9 (plus the default-pose offset of domain randomisation)."""
     action_offset: Literal["default", "reference"] = "default"
-    """What a zero action holds: "default" (q_des = q_default + offset + s_a tanh(a), METHOD.md 7.2) or
+    """What a zero action holds: "default" (q_des = q_default + offset + s_a tanh(a), docs/method.md §7.2) or
     "reference" (q_des = q_ref(t+1) + offset + s_a tanh(a): a residual on the phase-matched reference's joint
     positions at the frame the step lands on, so that a = 0 PD-tracks the clip and the policy learns corrections).
     The observation is the same in both; "reference" is what makes tracking learnable within a CPU budget

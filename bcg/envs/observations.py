@@ -1,4 +1,4 @@
-"""Observation and feature computation of the G1 tracking environments (METHOD.md section 7.1), in batched torch.
+"""Observation and feature computation of the G1 tracking environments (docs/method.md §7.1), in batched torch.
 
 Everything here is differentiable with torch autograd and works in float32 or float64. Frames: ``_w`` world,
 ``_h`` heading frame (the world frame rotated about z by the root's yaw, origin at the root). Quaternions are
@@ -20,14 +20,18 @@ reference part, for each of the ``K`` next reference frames (``3 + 6 + 6 nb + 3 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from bcg.motion.features import Features
+from bcg.motion.features import FeatureFn, Features
 from bcg.motion.rotations import heading_inverse, tan_norm
 
-__all__ = ["ReferenceTable", "observation", "observation_layout", "reference_observation", "robot_observation"]
+if TYPE_CHECKING:  # pragma: no cover
+    from bcg.motion import Motion
+
+__all__ = ["ReferenceTable", "TrackingObservation", "observation", "observation_layout", "reference_observation",
+           "robot_observation"]
 
 
 def observation_layout(nb: int, nk: int, nj: int, ref_steps: int = 3) -> list[tuple[str, int]]:
@@ -135,3 +139,44 @@ def observation(f: Features, table: ReferenceTable, fut: torch.Tensor) -> torch.
     per = torch.cat([ref_rel[:, :, 0], ref_rot, table.body_rot6[fut], ref_rel[:, :, 1:].reshape(n, k, -1)], -1)
     return torch.cat([f.root_pos_w[:, 2:3], rot6[:, 0], vel[..., 0], vel[..., 1], rot6.reshape(n, -1), f.joint_vel,
                       rel[:, :nk].reshape(n, -1), per.reshape(n, -1)], -1)
+
+
+class TrackingObservation:
+    """The tracking environments' noise-free observation of robot states against a clip, outside an environment:
+    ``obs_fn(qpos [N, 36], qvel [N, 35], frame [N]) -> obs [N, D]`` (float32 torch; 849 for the G1).
+
+    ``qpos`` / ``qvel`` are in MuJoCo's layout (base position, quaternion w, x, y, z, hinges; base linear velocity in
+    the world frame, base angular velocity in the body frame, hinge rates), so an ``MjData``'s ``qpos`` and ``qvel``
+    go in as they are; ``frame`` [N] is the clip frame the robot is at (the reference part shows frames
+    ``frame + 1 .. frame + ref_steps``, clamped to the clip). The same formulas as the environments' observation
+    (tested against ``env.observe()``), for running an exported policy on another simulator or a robot.
+
+    Args:
+        motion: the clip (:func:`bcg.motion.load_motion`); its model gives the kinematics.
+        ref_steps: reference frames shown ahead (the envs' ``ref_steps``, 3 by default).
+    """
+
+    def __init__(self, motion: Motion, ref_steps: int = 3):
+        if int(ref_steps) < 1:
+            raise ValueError(f"ref_steps must be >= 1, got {ref_steps!r}")
+        model = motion.model
+        self.features = FeatureFn(model, torch.float32, "cpu")
+        self.table = ReferenceTable.of(motion.features.cast(torch.float32, "cpu"))
+        self.num_frames = int(motion.num_frames)
+        self.future = torch.arange(1, int(ref_steps) + 1)
+        self.layout: list[tuple[str, int]] = observation_layout(model.nb, self.features.keys.body.numel(),
+                                                                model.nv - 6, int(ref_steps))
+        """Ordered ``(term, size)`` of the observation (:func:`observation_layout`)."""
+        self.dim = sum(s for _, s in self.layout)
+        """Observation size D."""
+
+    def __call__(self, qpos: torch.Tensor, qvel: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
+        q = torch.as_tensor(qpos, dtype=torch.float32)
+        qd = torch.as_tensor(qvel, dtype=torch.float32)
+        fr = torch.as_tensor(frame, dtype=torch.long).reshape(-1)
+        if q.ndim != 2 or qd.ndim != 2 or q.shape[0] != qd.shape[0] or q.shape[0] != fr.shape[0]:
+            raise ValueError(f"qpos [N, nq], qvel [N, nv] and frame [N] must share N, got {list(q.shape)}, "
+                             f"{list(qd.shape)} and {list(fr.shape)}")
+        fut = (fr[:, None] + self.future).clamp(0, self.num_frames - 1)
+        with torch.no_grad():
+            return observation(self.features(q, qd), self.table, fut)

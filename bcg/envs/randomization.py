@@ -1,4 +1,4 @@
-"""Domain randomisation of the G1 tracking environments (METHOD.md section 7.3).
+"""Domain randomisation of the G1 tracking environments (docs/method.md §7.3).
 
 Everything is drawn independently for every environment at each of its resets:
 
@@ -27,7 +27,7 @@ Range = tuple[float, float]
 
 @dataclass(frozen=True)
 class DomainRandomization:
-    """Ranges of the randomised quantities; ``None`` switches a quantity off. Defaults are METHOD.md 7.3.
+    """Ranges of the randomised quantities; ``None`` switches a quantity off. Defaults are docs/method.md §7.3.
 
     Use ``DomainRandomization.off()`` for no randomisation (the environments' default).
     """
@@ -46,7 +46,7 @@ class DomainRandomization:
     armature_scale: Range | None = (0.75, 1.25)
     """Scale of each hinge's armature, U(lo, hi)."""
     damping_scale: Range | None = (0.5, 1.5)
-    """Scale of each hinge's viscous damping, U(lo, hi) (METHOD's "joint friction"; no dry friction)."""
+    """Scale of each hinge's viscous damping, U(lo, hi) (the paper's "joint friction"; no dry friction)."""
     # --- actions, pushes, resets, observations ---
     joint_offset: Range | None = (-0.01, 0.01)
     """Offset of the default joint position (the action's centre) [rad], U(lo, hi) per joint. Per environment."""
@@ -65,7 +65,7 @@ class DomainRandomization:
     reset_joint_pos: float | None = 0.1
     """Half-width of the joint position noise at reset [rad]. Per environment."""
     observation_noise: bool = True
-    """Add the uniform observation noise of METHOD.md 7.1 (root orientation 0.05, velocities 0.5 / 0.2, body
+    """Add the uniform observation noise of docs/method.md §7.1 (root orientation 0.05, velocities 0.5 / 0.2, body
     rotations 0.01, joint velocities 0.5, key bodies 0.01, reference root position 0.25). The noise-free
     observation is returned in ``info["critic_obs"]``."""
 

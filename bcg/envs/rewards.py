@@ -3,7 +3,7 @@
 A reward is any callable ``reward(sim, ref, ctx) -> [N]`` of the simulated :class:`~bcg.envs.observations.Features`,
 the phase-matched reference ``Features`` and a :class:`StepContext` (actions, previous actions, contact report).
 It must be written in torch so that, in a differentiable environment, it carries gradients to the state and
-the actions. The adversarial ADD reward (METHOD.md section 6) plugs in through this protocol.
+the actions. The adversarial ADD reward (docs/method.md §6) plugs in through this protocol.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ class TrackingReward:
       + w_smooth exp(-k_smooth mean_j (a_t - a_{t-1})^2)
 
     Every term is non-negative, so the reward lies in [0, 1] (1 on the reference with an unchanged action): ending an
-    episode early never pays, whatever the policy does. (A penalty -0.8 |a_t - a_{t-1}|^2 as in METHOD.md 6.4 made an
+    episode early never pays, whatever the policy does. (A penalty -0.8 |a_t - a_{t-1}|^2, docs/method.md §6.4, made an
     exploring policy earn about -0.45 per step, which taught it to fall.) Smooth in the state and the actions.
     """
 

@@ -676,7 +676,7 @@ class G1TrackingVectorEnv(VectorEnv):
             else:
                 ref = self.ref_features(frame) if ref is None else ref
                 key_dist = (sim.key_pos_w - ref.key_pos_w).norm(dim=-1).amax(1)
-                if tracking:  # E_track of METHOD.md 3.10: mean over bodies of the world position error
+                if tracking:  # E_track of docs/method.md §3.10: mean over bodies of the world position error
                     track = (sim.body_pos_w - ref.body_pos_w).norm(dim=-1).mean(1)
             far = key_dist > self.termination_distance
             terminated = fell | far | bad
@@ -751,7 +751,7 @@ class G1TrackingVectorEnv(VectorEnv):
             simulator was called), ``nonfinite`` [N] (environments whose step diverged: reward 0, terminated,
             gradient blocked), ``num_unstable`` (the number of both this step), ``fell`` [N], ``tracking_error``
             [N] (mean over the bodies of the distance between simulated and reference body origins after the step
-            [m]; the E_track of METHOD.md 3.10 before averaging over time), ``frame`` [N],
+            [m]; the E_track of docs/method.md §3.10 before averaging over time), ``frame`` [N],
             ``contact_impulse``, ``contact_peak_force`` and ``contact_penetration`` [N, 8] and, with observation
             noise, ``critic_obs`` / ``final_critic_obs`` (noise-free).
         """

@@ -1,4 +1,4 @@
-"""``bcg``: Bundled Contact Gradients (METHOD.md 3). An environment whose contact normal force passes ``tau`` is
+"""``bcg``: Bundled Contact Gradients (docs/method.md §3). An environment whose contact normal force passes ``tau`` is
 expanded into B perturbed branches that run for H control steps with the shared policy actions; the branch mean is
 the state the environment sees (observation, reward, next action), and the nominal rollout resumes from the mean
 when the bundle closes. Untriggered environments run one branch. Triggered environments are gathered into one batch
@@ -6,7 +6,7 @@ with the untriggered ones, so every control step is one call of the inner transi
 
 How a bundle lives across control steps: the estimator keeps, per open bundle, every branch's offset from the mean
 it returned (``x_i - mean``, with its autograd graph). At the next step the branches restart from the incoming state
-plus these offsets, which is each branch's own state again, with its own sensitivity Z_i (METHOD.md 3.6); a push
+plus these offsets, which is each branch's own state again, with its own sensitivity Z_i (docs/method.md §3.6); a push
 applied by the environment reaches every branch. A bundle closes after H steps, when its environment's incoming
 state is not the mean this estimator returned (a reset, a restored state), or when no branch is usable. When the
 incoming state is a detached copy of that mean (``env.detach()`` at a window boundary) the bundle continues with
@@ -75,7 +75,7 @@ class BCG(Estimator):
     """Perturbation law at the bundle start: ``joint_gaussian`` (independent N(0, sigma_q^2), N(0, sigma_qd^2) on every
     hinge angle and rate) or ``cartesian`` (end-point offsets N(0, sigma_p^2), N(0, sigma_v^2) of the chains of the
     feet whose force passed tau, all feet with ``trigger="always"``, through the damped Jacobian pseudoinverse,
-    :mod:`bcg.estimators.perturb`); clamped to the joint limits. The default is the Cartesian law of METHOD.md 3.4."""
+    :mod:`bcg.estimators.perturb`); clamped to the joint limits. Default: the Cartesian law of docs/method.md §3.4."""
     sigma_p: float = 0.01
     """Cartesian law: standard deviation of the end-link position offset [m]."""
     sigma_v: float = 0.02

@@ -2,7 +2,7 @@
 branches that share the step's PD targets (the shared action); the branches are simulated in one batch and their
 next states averaged (positions and velocities arithmetically, the root quaternion sign-aligned and renormalised).
 The perturbations are constants for backprop, so autograd of the mean is the mean of the branch sensitivities
-(METHOD.md 3.6). Branches whose next state is non-finite (or faster than :data:`bcg.sim.MAX_SPEED`) are dropped
+(docs/method.md §3.6). Branches whose next state is non-finite (or faster than :data:`bcg.sim.MAX_SPEED`) are dropped
 with renormalised weights; a row with no usable branch is returned as NaN, which the environment treats as a
 diverged step (reward 0, terminated, gradient blocked, reset).
 """

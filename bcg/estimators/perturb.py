@@ -1,4 +1,4 @@
-"""Perturbation laws of the branching estimators (METHOD.md 3.4).
+"""Perturbation laws of the branching estimators (docs/method.md §3.4).
 
 * ``joint_gaussian``: :func:`bcg.estimators.grs.joint_gaussian_offsets`.
 * ``cartesian``: Cartesian offsets of a kinematic chain's end point (a foot's contact-sphere centroid, a wrist's
@@ -16,7 +16,7 @@ more in 95 % of the jump's stance legs, 0.83 in the run's), the leg Jacobian's s
 0.097 m/rad in 95 % of them, so the stretched-knee gain never appears and lambda = 1e-4 (the paper's value) is kept.
 For 1 cm the largest joint offset of a branch has a median of 0.042 / 0.043 rad (jump / run), a 95th percentile of
 0.126 / 0.124 rad; after the cap the largest per-joint standard deviation (the knee) is 0.039 / 0.040 rad and the
-RMS over the 12 leg hinges 0.020 rad, the 0.02-0.04 rad of METHOD.md 3.4; the 0.1 rad cap scales down 10.5 % /
+RMS over the 12 leg hinges 0.020 rad, the 0.02-0.04 rad of docs/method.md §3.4; the 0.1 rad cap scales down 10.5 % /
 11.0 % of the branches and the foot still moves 97 % / 98 % of the drawn distance (median). A larger damping would
 shrink the offsets mostly along the vertical: lambda = 1e-2 caps only 1.2 % but keeps 87 % of the distance.
 """

@@ -1,4 +1,4 @@
-"""``bcg compare``: head-to-head of training methods on clips and seeds (paper Q3/Q4, METHOD.md 3.10).
+"""``bcg compare``: head-to-head of training methods on clips and seeds (paper Q3/Q4, docs/method.md §3.10).
 
 One independent **job** per (method, motion, seed): train with ``bcg.agents.train.train`` (its own run directory
 under ``OUT/runs``), then replay the exported policy in C MuJoCo and in our simulator

@@ -147,7 +147,7 @@ class ContactTrace:
         return float(self.penetration[self._window(t0, t1)].max())
 
     def mean_penetration(self, t0: float = 0.0, t1: float | None = None) -> float:
-        """Time mean over [t0, t1] of the mean over the spheres of max(penetration, 0) [m] (SIM_NOTES 13.3 "pen.")."""
+        """Time mean over [t0, t1] of the mean over the spheres of max(penetration, 0) [m]."""
         return float(np.clip(self.penetration[self._window(t0, t1)], 0.0, None).mean())
 
     def settled_height(self, last: float = 0.5) -> float:
@@ -169,7 +169,7 @@ class ContactTrace:
         return float(np.linalg.norm(now[self.at(t), :2] - start[:2]))
 
     def creep_rate(self, t0: float = 1.0) -> float:
-        """Mean horizontal speed of the feet from ``t0`` to the end [m/s] (SIM_NOTES 13.3 "slip" over time)."""
+        """Mean horizontal speed of the feet from ``t0`` to the end [m/s] (the foot slip over time)."""
         i = self.at(t0)
         return float(np.linalg.norm(self.feet[-1, :2] - self.feet[i, :2]) / (self.t[-1] - self.t[i]))
 

@@ -19,8 +19,8 @@ REFERENCE = "reference"
 
 def load_source(source: str, motion: str | None) -> tuple[Any, str, dict[str, Any], Path, str]:
     """``(policy, motion, env_kwargs, default_out_dir, label)`` of a run directory (its ``policy.pt``), a policy file
-    or :data:`REFERENCE` (which needs ``motion``). A policy file's clip, contact stiffness and action scale are used
-    unless ``motion`` overrides the clip."""
+    (torch, ONNX or TorchScript: :mod:`bcg.agents.graph_policy`) or :data:`REFERENCE` (which needs ``motion``). A
+    policy file's clip, contact stiffness and action scale are used unless ``motion`` overrides the clip."""
     if source == REFERENCE:
         from bcg.evaluation.mujoco_transfer import ReferenceReplayPolicy
 
@@ -37,13 +37,12 @@ def load_source(source: str, motion: str | None) -> tuple[Any, str, dict[str, An
         run_dir, file = p.parent, p
     else:
         raise FileNotFoundError(f"{source!r} is neither a run directory, a policy file nor {REFERENCE!r}")
-    try:
-        from bcg.agents.export import load_policy
-    except ImportError as exc:  # pragma: no cover - the export module is part of the package
-        raise ImportError("loading a policy file needs bcg.agents.export") from exc
+    from bcg.agents.export import load_policy
+    from bcg.agents.graph_policy import is_graph_file, load_graph_policy
     from bcg.robots.g1 import MJCF_PATH
 
-    policy = load_policy(file)
+    # an ONNX or TorchScript graph runs through onnxruntime / torch.jit behind the same interface
+    policy = load_graph_policy(file) if is_graph_file(file) else load_policy(file)
     policy.check_mjcf(MJCF_PATH)
     if motion is None:
         from bcg.motion import PACKAGED_MOTIONS
@@ -68,7 +67,7 @@ class Evaluate:
     """Replay a policy in MuJoCo and in bcg's simulator; write tracking metrics (JSON, Markdown) and a video."""
 
     source: tyro.conf.Positional[Annotated[str, tyro.conf.arg(metavar="RUN_OR_POLICY_FILE")]]
-    """A run directory (holding policy.pt), a policy file, or `reference` (the reference-replay baseline)."""
+    """A run directory (holding policy.pt), a policy file (policy.pt, policy.onnx, policy_jit.pt), or `reference`."""
     motion: str | None = None
     """Clip to track (packaged name or file); default: the policy's own clip (required for `reference`)."""
     video: Path | None = None

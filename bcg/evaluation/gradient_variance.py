@@ -1,4 +1,4 @@
-"""Policy-gradient variance of the gradient estimators (METHOD.md 3.10, issue 9).
+"""Policy-gradient variance of the gradient estimators (docs/method.md §3.10, issue 9).
 
 What is measured, for one clip, contact stiffness kappa, window length T and a list of estimators:
 
@@ -346,7 +346,7 @@ def zeroth_order_reference(env: Any, policy: TrackingPolicy, theta0: torch.Tenso
 
 
 def summed_variance(g: torch.Tensor) -> float:
-    """V = sum over the columns of ``g`` [E, P] of the unbiased across-row variance (METHOD.md 3.10)."""
+    """V = sum over the columns of ``g`` [E, P] of the unbiased across-row variance (docs/method.md §3.10)."""
     return float(g.to(torch.float64).var(0, unbiased=True).sum())
 
 

@@ -10,8 +10,8 @@ per job from :func:`bcg.evaluation.compare.run_job`). Output, into ``OUT``:
   seeds; falls summed over all episodes of all seeds);
 * ``compare_samples.png``: environment samples each method needs to reach the tracking error PPO ends
   with (only with PPO in the grid);
-* ``report.md``: the configuration and command, the tables, the plots embedded, and the paper's numbers (METHOD.md
-  3.10) beside ours.
+* ``report.md``: the configuration and command, the tables, the plots embedded, and the paper's numbers (docs/method.md
+  §3.10) beside ours.
 
 The learning curves show the trainer's periodic evaluation ``eval_tracking_error_cm`` where the runs have it (E_track
 of the deterministic policy on fixed episodes in bcg's simulator, ``bcg train --eval-every``), otherwise the agents'
@@ -37,12 +37,12 @@ PAPER_E_TRACK: dict[str, dict[str, tuple[float, float]]] = {
     "fight": {"SHAC+BCG": (13.5, 0.3), "PPO": (34.3, 1.4)},
     "dance": {"SHAC+BCG": (18.5, 0.8), "PPO": (19.0, 0.1)},
 }
-"""METHOD.md 3.10: E_track [cm] after transfer to MuJoCo, mean and std over 5 runs (jump: PPO keeps both feet on the
+"""docs/method.md §3.10: E_track [cm] after transfer to MuJoCo, mean and std of 5 runs (jump: PPO keeps both feet on the
 ground instead of jumping)."""
 
 PAPER_SAMPLES: dict[str, str] = {"SHAC+BCG": "64 x 32 x 3000 = 6.1 M (plus branches)",
                                  "SHAC (bptt)": "128 x 32 x 3000 = 12.3 M", "PPO": "4096 x 24 x 3000 = 295 M"}
-"""METHOD.md 3.10: the paper's sample budgets (environments x steps x iterations)."""
+"""docs/method.md §3.10: the paper's sample budgets (environments x steps x iterations)."""
 
 SMOOTH = 5
 """Moving-average window [iterations] of the training error in :func:`samples_to_reach` and :func:`final_error`."""
@@ -354,7 +354,7 @@ def write_report(data: dict[str, Any], out: str | Path) -> Path:
                          f"{r['reached']}/{r['seeds']} |")
         lines += ["", "![samples to reach](compare_samples.png)", ""]
     lines += ["## The paper's numbers beside ours", "",
-              "Paper (METHOD.md 3.10): E_track after transfer to MuJoCo, mean +- std over 5 runs, 3000 iterations "
+              "Paper (docs/method.md §3.10): E_track after transfer to MuJoCo, mean +- std, 5 runs, 3000 iterations "
               "on a GPU; ours: this grid.", "",
               "| motion | paper SHAC+BCG | paper PPO | " + " | ".join(f"ours {lb}" for lb in _labels(rows)) + " |",
               "| --- | --- | --- | " + " | ".join("---" for _ in _labels(rows)) + " |"]

@@ -1,4 +1,4 @@
-"""``bcg study variance`` (paper Q2) and ``bcg study stiffness`` (paper Q1), METHOD.md 3.10 and 2.1.
+"""``bcg study variance`` (paper Q2) and ``bcg study stiffness`` (paper Q1), docs/method.md §3.10 and 2.1.
 
 * :class:`StudyVariance`: the summed per-environment policy-gradient variance V of any set of registered
   estimators (plugins included) on the tracking-policy windows of :mod:`bcg.evaluation.gradient_variance`, for
@@ -37,7 +37,7 @@ PAPER_STIFFNESS: dict[float, dict[str, tuple[str, float]]] = {
     100.0: {"run": ("5/5", 8.1), "jump": ("4/5", 10.8), "fight": ("3/5", 9.1), "dance": ("4/5", 9.5)},
     300.0: {"run": ("0/5", 3.1), "jump": ("0/5", 3.3), "fight": ("0/5", 3.4), "dance": ("0/5", 2.9)},
 }
-"""METHOD.md 2.1: SHAC+BCG policies replayed in MuJoCo, 5 runs per kappa: (runs that fell, Δd [mm])."""
+"""docs/method.md §2.1: SHAC+BCG policies replayed in MuJoCo, 5 runs per kappa: (runs that fell, Δd [mm])."""
 
 
 def check_estimator_specs(specs: tuple[str, ...]) -> None:
@@ -290,7 +290,7 @@ def variance_markdown(data: dict[str, Any]) -> str:
     e0 = data["entries"][0]["study"]
     ref = data["estimators"][0]
     lines = ["# Policy-gradient variance (paper Q2)", "",
-             f"Summed across-environment variance V of the per-environment policy gradients (METHOD.md 3.10); "
+             f"Summed across-environment variance V of the per-environment policy gradients (docs/method.md §3.10); "
              f"{e0['num_envs']} environments x seeds {e0['seeds']}; interval: bootstrap ({e0['bootstrap']} "
              f"resamples, {e0['confidence']:.0%} coverage); ratio: V / V_{ref} (paired bootstrap).", "",
              "![variance](study_variance.png)", "",
@@ -312,7 +312,7 @@ def variance_markdown(data: dict[str, Any]) -> str:
                          f"{name} | {g(s['V'])} | "
                          f"[{g(s['V_ci'][0])}, {g(s['V_ci'][1])}] | {g(s['ratio'])} | [{g(s['ratio_ci'][0])}, "
                          f"{g(s['ratio_ci'][1])}] | {g(s['trigger_rate'])} | {g(s['fell'])} | {g(s['seconds'])} |")
-    lines += ["", "The paper (METHOD.md 3.10) shows V over training for SHAC (bptt) and SHAC+BCG on the jump clip with "
+    lines += ["", "The paper (docs/method.md §3.10) plots V in training, SHAC (bptt) and SHAC+BCG, jump clip, "
               "128 environments and a +-1 std band over 4000 bootstrap resamples; "
               + ("this study measures V at the run's checkpoints, over the output layer only (the full network's "
                  "per-environment gradients do not fit a CPU's bootstrap)." if data.get("x") == "iteration" else
@@ -435,7 +435,7 @@ def stiffness_plot(rows: list[dict[str, Any]], path: Path) -> Path:
 
 
 def stiffness_markdown(rows: list[dict[str, Any]], motion: str, method: str, cfg: dict[str, Any]) -> str:
-    """Markdown of the ablation: our table and the paper's (METHOD.md 2.1) for the clip."""
+    """Markdown of the ablation: our table and the paper's (docs/method.md §2.1) for the clip."""
     clip = Path(motion).stem
     budget = f"{cfg['budget_s']:g} s" if cfg.get("budget_s") else f"{cfg['iterations']} iterations"
     lines = ["# Stiffness ablation (paper Q1)", "",
@@ -467,7 +467,7 @@ def stiffness_markdown(rows: list[dict[str, Any]], motion: str, method: str, cfg
 
 @dataclass(frozen=True)
 class StudySensitivity:
-    """Branch versus bundle (METHOD.md 3.10's contact-local averaging figure): per-branch sensitivities of the future
+    """Branch versus bundle (contact-local averaging, docs/method.md §3.10): per-branch sensitivities of the future
     vertical pelvis velocity to the pelvis height, dv_z(t+T)/dp_z(t), against their mean, and a PCA of the branches'
     full state-gradient vectors with a 95 % ellipse; one panel pair per kappa."""
 

@@ -1,5 +1,5 @@
 """Tracking metrics of a G1 policy against its reference clip, under the names used across G1 motion-tracking work
-(BeyondMimic's ``MotionCommand`` metrics), plus E_track, falls and foot penetration (METHOD.md 3.10).
+(BeyondMimic's ``MotionCommand`` metrics), plus E_track, falls and foot penetration (docs/method.md §3.10).
 
 Per step and environment, from the simulated and the reference :class:`bcg.motion.Features` of the same time (the
 reference frame the step reached), with the *anchor* body ``torso_link`` (:data:`ANCHOR_BODY`):

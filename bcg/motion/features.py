@@ -3,7 +3,7 @@
 :class:`FeatureFn` turns MuJoCo-layout states ``(q [N, 36], qd [N, 35])`` into :class:`Features` (world-frame body
 poses, key points, velocities). The environments call it on the simulated state every step; :class:`bcg.motion.Motion`
 calls it on the reference state, so reference and simulated quantities (rewards, observations, the 233-D ADD
-discriminator features of METHOD.md 6.3 from :func:`disc_features`) are computed by the same code.
+discriminator features of docs/method.md §6.3 from :func:`disc_features`) are computed by the same code.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def features(kin_fn: KinematicsFn, keys: KeyPoints, q: torch.Tensor, qd: torch.T
 
 
 def disc_features(f: Features, joint_axes: torch.Tensor) -> torch.Tensor:
-    """ADD discriminator features phi [N, 3 + 6 + 6 nj + 3 nk + 3 + 3 + nj] (233 for the G1; METHOD.md 6.3,
+    """ADD discriminator features phi [N, 3 + 6 + 6 nj + 3 nk + 3 + 3 + nj] (233 for the G1; docs/method.md §6.3,
     ``global_obs``): root position, root rotation (6-D), local hinge rotations (6-D each, about ``joint_axes``
     [nj, 3]), key points relative to the root (world axes), root linear and angular velocity (world frame), joint
     velocities. Not detached anywhere: in a differentiable environment phi carries the state's gradient."""

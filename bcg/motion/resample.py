@@ -1,4 +1,4 @@
-"""Resampling of qpos frames to the control rate and finite-difference velocities (numpy, float64; METHOD.md 9.4)."""
+"""Resampling of qpos frames to the control rate and finite-difference velocities (numpy, docs/method.md §9.4)."""
 
 from __future__ import annotations
 

@@ -39,7 +39,7 @@ __all__ = [
 
 
 def tan_norm(R: torch.Tensor) -> torch.Tensor:
-    """6-D tangent-normal encoding [..., 6] of rotation matrices [..., 3, 3]: (R e_x, R e_z) (METHOD.md 6.3)."""
+    """6-D tangent-normal encoding [..., 6] of rotation matrices [..., 3, 3]: (R e_x, R e_z) (docs/method.md §6.3)."""
     return torch.cat([R[..., :, 0], R[..., :, 2]], -1)
 
 

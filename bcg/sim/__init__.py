@@ -1,6 +1,6 @@
 """Differentiable articulated-body simulator in NVIDIA Warp (floating base + hinges, smoothed stiff contact).
 
-Public API (DESIGN.md section 2): :func:`load_model`, :func:`mass_matrix`, :func:`bias_forces`, :func:`step`.
+Public API (docs/design.md): :func:`load_model`, :func:`mass_matrix`, :func:`bias_forces`, :func:`step`.
 State layout is MuJoCo's ``qpos`` / ``qvel``. The plain-torch oracle of the same algorithm is
 :mod:`bcg.sim.reference`. Importing this package does not initialise Warp.
 """

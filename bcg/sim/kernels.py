@@ -8,7 +8,7 @@ differences of nearby positions then enter float32 arithmetic, so the dynamics a
 origin as at it (inertias about the world origin lose 1e-4 of the mass matrix at 30 m). Warp quaternions are x, y,
 z, w inside the kernels, while the state arrays ``q`` keep MuJoCo's w, x, y, z.
 
-Autodiff discipline (docs: SIM_NOTES.md section 9). Every loop bound is a run-time value, so Warp does not unroll
+Autodiff discipline (docs/simulator.md). Every loop bound is a run-time value, so Warp does not unroll
 the loops, and its adjoint of a dynamic loop does not replay loop-carried values. Therefore:
 
 * a loop-carried accumulator is only ever updated linearly (``acc = acc + x * y`` of array loads), and it is stored
@@ -608,7 +608,7 @@ def pgs(
     impulse: wp.array3d(dtype=float),
     depth_out: wp.array3d(dtype=float),
 ):
-    """Projected Gauss-Seidel with the activation inside the update (METHOD.md 2.2 variant b): the normal row of
+    """Projected Gauss-Seidel with the activation inside the update (docs/method.md §2.2 variant b): the normal row of
     sphere c is weighted by s_norm (its foot's regulariser), its tangent block by s_act.
 
     lam [N, iterations + 1, 3nc] holds the impulses after each sweep (slot 0 is the zero start and is never

@@ -41,7 +41,7 @@ class UnsupportedModelError(ValueError):
 
 @dataclass(frozen=True)
 class ContactParams:
-    """Contact and integration parameters of the engine (METHOD.md section 2.2)."""
+    """Contact and integration parameters of the engine (docs/method.md §2.2)."""
 
     kappa: float = 300.0
     """Stiffness of the contact activation s(d) = sigmoid(kappa * d), d = penetration [m]; unit 1/m."""

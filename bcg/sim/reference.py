@@ -17,7 +17,7 @@ It implements exactly what the Warp kernels in :mod:`bcg.sim.kernels` implement,
 3. contact: every sphere against z = 0 with penetration d = radius - z_centre, activation s = sigmoid(kappa d),
    rows (e_z, e_x, e_y) at the sphere's lowest point, Delassus A = J H^-1 J^T, bias w = J v* - beta max(d, 0) / h;
 4. projected Gauss-Seidel, ``iterations`` sweeps from zero, each contact's block update weighted by its activation
-   (METHOD.md section 2.2 variant b): the tangent block by s, i.e. the regulariser A_tt (1 - s) / s; the normal row
+   (docs/method.md §2.2 variant b): the tangent block by s, i.e. the regulariser A_tt (1 - s) / s; the normal row
    by the regulariser a_foot (1 - s) / s, a_foot the mean normal Delassus entry of the sphere's foot (one compliance
    per foot, as MuJoCo's per-body diagApprox; a per-sphere A_nn made the heel 3x stiffer than the toe and leaned
    the standing robot forward), i.e. the weight A_nn s / (A_nn s + a_foot (1 - s)); friction projected onto the

@@ -126,7 +126,7 @@ DEFAULT_BASE_HEIGHT: float = 0.791864
 """Pelvis height [m] at which, in :data:`DEFAULT_JOINT_POS` with an identity base orientation, the lowest
 foot sphere just touches z = 0 (its bottom at z = 0, to 1e-6 m). Computed by ``make_mjcf.py``."""
 
-# PD gains. SIM_NOTES 13.3: kp 75 lets the G1 tip over its ankles (needed stiffness ~ m g l_com ~ 200
+# PD gains. Measured: kp 75 lets the G1 tip over its ankles (needed stiffness ~ m g l_com ~ 200
 # N m/rad), kp 200 / kd 5 stands. Legs and waist carry the body: 200 / 5. The arms only hold their own
 # weight (< 3 N m at the shoulder): 100 / 2 on shoulders and elbow keeps the sag under 0.03 rad; the wrists
 # (light, 25 and 5 N m motors) get 40 / 1 (roll) and 20 / 1 (pitch, yaw), about 10 Hz with armature.
@@ -249,7 +249,7 @@ KEY_BODIES: tuple[KeyBody, ...] = (
     KeyBody("left_wrist", "left_wrist_yaw_link", (0.0, 0.0, 0.0)),
     KeyBody("right_wrist", "right_wrist_yaw_link", (0.0, 0.0, 0.0)),
 )
-"""The 5 key bodies of METHOD.md 7.1 (both ankles, the head, both wrists), in observation order."""
+"""The 5 key bodies of docs/method.md §7.1 (both ankles, the head, both wrists), in observation order."""
 
 
 def default_qpos() -> np.ndarray:

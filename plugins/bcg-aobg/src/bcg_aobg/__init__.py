@@ -1,4 +1,4 @@
-"""``bcg-aobg``: the alpha-order batched-gradient estimator (METHOD.md 4.1, Suh et al. 2022) for ``bcg``, a
+"""``bcg-aobg``: the alpha-order batched-gradient estimator (docs/method.md §4.1, Suh et al. 2022) for ``bcg``, a
 third-party plugin. Installing the distribution registers it under the name ``aobg`` through the ``bcg.estimators``
 entry point; importing :mod:`bcg_aobg.estimator` registers it too (decorator).
 

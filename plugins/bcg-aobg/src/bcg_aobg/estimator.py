@@ -1,4 +1,4 @@
-"""``aobg``: the alpha-order batched gradient (METHOD.md 4.1 and 4.3, Suh et al. 2022) as a ``bcg`` estimator.
+"""``aobg``: the alpha-order batched gradient (docs/method.md §4.1 and 4.3, Suh et al. 2022) as a ``bcg`` estimator.
 
 Per control step every row (environment) is expanded into B perturbed branches (independent Gaussians on the PD
 targets, ``sigma_u``, and optionally on the hinge angles and rates, ``sigma_q``, ``sigma_qd``; constants for
@@ -76,7 +76,7 @@ class AOBG(Estimator):
     """Standard deviation of the hinge-rate perturbation [rad/s] (0: rates not perturbed)."""
     sigma_u: float = 0.02
     """Standard deviation of the PD-target perturbation [rad]: the action noise of the policy setting of
-    METHOD.md 4.1 (the zeroth-order part enters once per path from a step's action, never along the state chain).
+    docs/method.md §4.1 (the zeroth-order part enters once per path from a step's action, never along the state chain).
     0 keeps the shared action of grs and the first-order gradient to the targets."""
     alpha: float | Literal["auto"] = "auto"
     """Weight of the first-order estimate in [0, 1] (1: FoBG = grs, 0: pure ZoBG), or ``auto`` for the

@@ -1,4 +1,4 @@
-"""The estimator-free parts of the alpha-order batched gradient (METHOD.md 4.1): the zeroth-order samples, their
+"""The estimator-free parts of the alpha-order batched gradient (docs/method.md §4.1): the zeroth-order samples, their
 weighted statistics and the bias-constrained choice of alpha. Pure tensor functions, no simulator, no ``bcg`` state.
 
 Shapes: n rows (environments), B branches per row, d perturbed input coordinates; ``keep`` [n, B] marks the usable
@@ -52,7 +52,7 @@ def mean_and_trace_var(samples: torch.Tensor, keep: torch.Tensor) -> tuple[torch
 
 def bias_constrained_alpha(fobg: torch.Tensor, zobg: torch.Tensor, keep: torch.Tensor, gamma: float, L: float,
                            delta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row alpha of the bias-constrained alpha-order gradient (METHOD.md 4.1, official ``bias_constrained_aobg``).
+    """Per-row alpha of the bias-constrained alpha-order gradient (docs/method.md §4.1; ``bias_constrained_aobg``).
 
     From the per-branch samples ``fobg``, ``zobg`` [n, B, d] of the first- and zeroth-order estimators (kept
     branches ``keep`` [n, B], N of them per row): the means m1, m0 and trace variances var1, var0
