@@ -16,12 +16,12 @@ back as an :class:`ExportedPolicy`, a small ``torch.nn.Module``:
 
 File format (version :data:`POLICY_FORMAT_VERSION`): ``torch.save`` of a dict holding only a format tag, a JSON string
 of the metadata (including the layer list) and a flat ``{name: tensor}`` dict, so ``torch.load(..., weights_only=True)``
-reads it and a policy file cannot execute code when loaded. This module imports only torch and the standard library.
+reads it and a policy file cannot execute code when loaded. This module imports only torch, the standard library,
+:mod:`bcg.errors` and :mod:`bcg.files`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -30,6 +30,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from bcg.errors import UserError
+from bcg.files import file_sha256
 
 __all__ = ["POLICY_FORMAT", "POLICY_FORMAT_VERSION", "ExportedPolicy", "PolicyFileError", "file_sha256",
            "load_policy", "policy_export", "read_torch_file", "save_policy"]
@@ -43,13 +46,8 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {"ELU": nn.ELU, "ReLU": nn.ReLU, "Tan
                                             "Identity": nn.Identity}
 
 
-class PolicyFileError(ValueError):
+class PolicyFileError(UserError):
     """A policy file that is not one, is damaged, or holds something this loader refuses to build."""
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes (the MJCF hash of an export)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 # -------------------------------------------------------------------------------------------- encoding the network

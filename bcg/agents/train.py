@@ -50,6 +50,7 @@ from bcg.agents.checkpoint import (
     save_checkpoint,
     verify_state_fits,
 )
+from bcg.parsing import parse_command
 
 if TYPE_CHECKING:  # pragma: no cover - bound at parse time by _bind_types (plugins included)
     from bcg.agents.add import ADDConfig
@@ -240,13 +241,9 @@ class TrainConfig:
         return self.shac if self.agent == "shac" else self.ppo
 
     def run(self) -> int:
-        """Run :func:`train` (the ``bcg train`` command); returns the exit status (130 after Ctrl-C, 2 when the
-        checkpoint to resume or the run directory cannot be used)."""
-        try:
-            return train(self).status
-        except (CheckpointError, FileExistsError) as exc:
-            print(f"bcg train: error: {exc}", file=sys.stderr)
-            return 2
+        """Run :func:`train` (the ``bcg train`` command); returns the exit status (130 after Ctrl-C). A checkpoint
+        or run directory that cannot be used raises a :class:`~bcg.errors.UserError` (one line from ``bcg``)."""
+        return train(self).status
 
 
 def _check_motion(motion: str) -> None:
@@ -353,8 +350,7 @@ def parse_train_args(args: Sequence[str], prog: str = "bcg train") -> TrainConfi
     # the subcommand token selects the estimator's fields; a bare --help shows the top level (all subcommands)
     asks_help = any(a in ("-h", "--help") for a in rest)
     token = [] if asks_help and est_name is None else [f"estimator:{est_name or base.estimator.name}"]
-    return tyro.cli(TrainConfig, default=base, args=token + rest, prog=prog,
-                    config=(tyro.conf.CascadeSubcommandArgs,))
+    return parse_command(TrainConfig, token + rest, prog=prog, default=base, config=(tyro.conf.CascadeSubcommandArgs,))
 
 
 # -------------------------------------------------------------------------------------------- config <-> JSON
