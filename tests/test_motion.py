@@ -418,7 +418,7 @@ def test_features_at_frames_equal_the_table(model):
 def test_bytes_that_are_no_archive_are_not_called_a_pickle(tmp_path, model):
     """Random bytes in a .npz were reported as 'pickled (object) data' (numpy's guess for anything not zip / npy)."""
     (tmp_path / "noise.npz").write_bytes(np.random.default_rng(0).bytes(2000))
-    with pytest.raises(MotionFormatError, match=r"noise\.npz: not an NPZ archive \(it does not start with the zip") as e:
+    with pytest.raises(MotionFormatError, match=r"noise\.npz: not an NPZ archive \(it does not start with the") as e:
         load_motion(tmp_path / "noise.npz", model=model)
     assert "pickle" not in str(e.value)
     np.save(tmp_path / "one.npy", np.zeros((3, 36)))

@@ -29,6 +29,7 @@ from typing import Any, Literal
 import numpy as np
 
 from bcg.errors import InputNotFoundError, UserError
+from bcg.files import file_sha256
 from bcg.motion.rotations import hemisphere_continuous_np, normalized_np
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "QUAT_NORM_TOL",
     "csv_rate",
     "joint_ranges",
+    "motion_sha256",
     "packaged_motion_path",
     "read_motion_file",
     "resolve_motion_path",
@@ -92,6 +94,11 @@ def resolve_motion_path(source: str | Path) -> Path:
         raise InputNotFoundError(f"motion {str(source)!r} is neither a packaged clip ({', '.join(PACKAGED_MOTIONS)}) "
                                  f"nor an existing file")
     return path
+
+
+def motion_sha256(source: str | Path) -> str:
+    """sha256 of the file of a packaged clip name or a path (what a run records to notice a changed clip)."""
+    return file_sha256(resolve_motion_path(source))
 
 
 def joint_ranges() -> np.ndarray:
