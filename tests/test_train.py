@@ -322,6 +322,10 @@ def test_shac_resume_equals_uninterrupted_and_export(tmp_path, capsys):
     assert main(["train", "--resume", str(part.run_dir), "--iterations", "5", "--estimator", "grs"]) == 2
     assert "estimator.name: checkpoint 'bcg', requested 'grs'" in capsys.readouterr().err
 
+    assert main(["export", str(part.run_dir), "--out", str(tmp_path)]) == 2  # a folder: one line, nothing written
+    assert capsys.readouterr().err.strip() == (f"bcg export: error: --out {tmp_path} is a folder; expected the path of "
+                                               f"the policy file to write, e.g. {tmp_path / 'policy.pt'}")
+    assert not (tmp_path / "policy.pt").exists()
     out = tmp_path / "exported.pt"
     assert main(["export", str(part.run_dir), "--out", str(out)]) == 0
     pol = load_policy(out)

@@ -12,7 +12,8 @@ back as an :class:`ExportedPolicy`, a small ``torch.nn.Module``:
   the targets are q_ref + s_a tanh(a) and ``action_to_target(a, reference_joint_pos)`` needs the reference's joint
   positions at the frame the step lands on;
 * metadata: ``observation_layout`` (term, size), ``mjcf_sha256`` (sha256 of the robot MJCF the env simulated),
-  ``motion`` (clip name and source), ``agent``, ``bcg_version``, the env options that change the dynamics.
+  ``motion`` (clip name, source and the source file's sha256), ``agent``, ``bcg_version``, the env options that
+  change the dynamics.
 
 File format (version :data:`POLICY_FORMAT_VERSION`): ``torch.save`` of a dict holding only a format tag, a JSON string
 of the metadata (including the layer list) and a flat ``{name: tensor}`` dict, so ``torch.load(..., weights_only=True)``
@@ -160,7 +161,8 @@ def policy_export(mean_net: nn.Sequential, obs_mean: torch.Tensor, obs_var: torc
         "action_offset": str(env.action_offset),
         "mjcf_file": MJCF_PATH.name,
         "mjcf_sha256": file_sha256(MJCF_PATH),
-        "motion": {"name": env.motion.name, "source": str(env.motion.source), "num_frames": int(env.num_frames)},
+        "motion": {"name": env.motion.name, "source": str(env.motion.source), "num_frames": int(env.num_frames),
+                   "sha256": file_sha256(env.motion.source) if Path(env.motion.source).is_file() else None},
         "control_dt": float(env.control_dt),
         "env": {"kappa": cfg.kappa, "substeps": cfg.substeps, "sim_dt": cfg.sim_dt, "ref_steps": cfg.ref_steps,
                 "domain_randomization": cfg.domain_randomization is not False},

@@ -918,4 +918,10 @@ def export_run(run: str | Path, out: str | Path | None = None) -> Path:
     verify_state_fits(ckpt.agent_state, agent.state_dict(), ckpt.path)
     agent.load_state_dict(ckpt.agent_state)
     dest = Path(out) if out is not None else run_dir_of(ckpt.path) / "policy.pt"
-    return save_policy(dest, agent.export_policy())
+    if dest.is_dir():
+        raise UserError(f"--out {dest} is a folder; expected the path of the policy file to write, e.g. "
+                        f"{dest / 'policy.pt'}")
+    try:
+        return save_policy(dest, agent.export_policy())
+    except OSError as exc:
+        raise UserError(f"cannot write the policy file {dest}: {exc.strerror or exc}") from None
