@@ -502,3 +502,16 @@ def test_cuda_without_a_gpu_is_refused(tmp_path):
         pytest.skip("this machine has a CUDA device")
     with pytest.raises(UserError, match="device 'cuda' requested but Warp finds no CUDA device"):
         _run(tmp_path, "--iterations", "1", "--device", "cuda")
+
+
+def test_a_taken_run_name_suggests_resume_only_where_there_is_a_checkpoint(tmp_path):
+    from bcg.errors import UserError
+
+    (tmp_path / "empty-run").mkdir()
+    (tmp_path / "empty-run" / "notes.txt").write_text("not a run\n")
+    with pytest.raises(UserError, match=r"empty-run exists and is not empty; choose another --name, or remove it$"):
+        _run(tmp_path, "--iterations", "1", "--name", "empty-run")
+    _run(tmp_path, "--iterations", "1", "--name", "run")
+    with pytest.raises(UserError, match=r"run exists and is not empty; choose another --name, or continue it with "
+                                        r"--resume .*run$"):
+        _run(tmp_path, "--iterations", "1", "--name", "run")

@@ -269,6 +269,11 @@ def read_torch_file(path: str | Path, what: str, error: type[ValueError] = Polic
     size = p.stat().st_size
     if size == 0:
         raise error(f"{what} {p} is empty (0 bytes): an interrupted write or a truncated copy")
+    with open(p, "rb") as f:
+        head = f.read(4)
+    if head != b"PK\x03\x04" and not head.startswith(b"\x80"):  # torch.save's zip archive, or a legacy pickle
+        raise error(f"{what} {p} ({size} bytes) is not a torch file: it starts with {head!r}, neither the zip "
+                    "signature of torch.save nor a pickle header")
     try:
         return torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:
