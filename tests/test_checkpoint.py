@@ -161,6 +161,19 @@ def test_incompatible_config_names_fields(tmp_path):
     check_compatible(ck, {**CONFIG, "iterations": 50}, ignore=("iterations",))  # run-control fields may differ
 
 
+def test_another_estimator_is_named_once_in_one_line(tmp_path):
+    """Resuming with --estimator grs listed every field grs has and the checkpoint's estimator lacks ('<absent>'),
+    over several lines; the estimator's name says it, on the one line bcg prints."""
+    ck = load_checkpoint(_save(tmp_path / "ck.pt"))
+    other = {**CONFIG, "estimator": {"name": "grs", "sigma_q": 0.02, "branches": 10}, "agent": "ppo"}
+    with pytest.raises(CheckpointError) as err:
+        check_compatible(ck, other)
+    msg = str(err.value)
+    assert "\n" not in msg and "<absent>" not in msg and "sigma_q" not in msg
+    assert msg.endswith("(differing fields): agent: checkpoint 'shac', requested 'ppo'; estimator.name: checkpoint "
+                        "'bcg', requested 'grs'"), msg
+
+
 def test_state_that_does_not_fit(tmp_path):
     ck = load_checkpoint(_save(tmp_path / "ck.pt", width=4))
     verify_state_fits(ck.agent_state, _state(4), ck.path)

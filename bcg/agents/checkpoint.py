@@ -208,10 +208,13 @@ def check_compatible(ckpt: Checkpoint, config: Mapping[str, Any], ignore: Iterab
     (except ``ignore``): resuming with another agent, estimator, reward, motion or network would not fit or would not
     continue the same run."""
     diffs = config_differences(ckpt.config, config, ignore)
+    # another estimator (or any other named choice) brings its own fields: name the choice, not each field it adds
+    renamed = {k[: -len("name")] for k, _, _ in diffs if k.endswith(".name")}
+    diffs = [d for d in diffs if not (any(d[0].startswith(r) for r in renamed) and "<absent>" in d[1:])]
     if diffs:
-        lines = "\n".join(f"  {k}: checkpoint {va!r}, requested {vb!r}" for k, va, vb in diffs)
+        lines = "; ".join(f"{k}: checkpoint {va!r}, requested {vb!r}" for k, va, vb in diffs)
         raise CheckpointError(f"{ckpt.path} was written by a run with another configuration; resume it with the "
-                              f"same settings (differing fields):\n{lines}")
+                              f"same settings (differing fields): {lines}")
 
 
 def verify_state_fits(ckpt_state: Mapping[str, Any], fresh_state: Mapping[str, Any], path: Path | str) -> None:
