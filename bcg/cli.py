@@ -332,6 +332,10 @@ COMMANDS: dict[str, type | dict[str, type]] = {
 """Top-level commands: a dataclass (a command) or a dict of them (a group)."""
 
 
+DEBUG_ENV = "BCG_DEBUG"
+"""Environment variable: set (to anything but empty or 0) to show the traceback of a user error, as ``--debug`` does."""
+
+
 def _usage() -> str:
     lines = ["usage: bcg COMMAND ...", "", "commands:"]
     for name, cmd in COMMANDS.items():
@@ -339,11 +343,9 @@ def _usage() -> str:
             lines.append(f"  {name} {{{', '.join(cmd)}}}")
         else:
             lines.append(f"  {name}  {(cmd.__doc__ or '').strip().splitlines()[0]}")
+    lines += ["", "A bad input prints one line 'bcg COMMAND: error: ...' and exits with 2; --debug (anywhere) or "
+              f"{DEBUG_ENV}=1 shows the traceback."]
     return "\n".join(lines)
-
-
-DEBUG_ENV = "BCG_DEBUG"
-"""Environment variable: set (to anything but empty or 0) to show the traceback of a user error, as ``--debug`` does."""
 
 
 def _debug_requested(args: list[str]) -> tuple[bool, list[str]]:

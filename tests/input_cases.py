@@ -180,7 +180,9 @@ def _markdown(ws: Path, results: list[tuple[Case, int, list[str]]]) -> str:
 def run_all(ws: Path) -> list[tuple[Case, int, list[str]]]:
     """Run every case as ``python -m bcg.cli ...`` in its own process (cwd ``ws``); ``(case, status, stderr lines)``.
     Lines that Warp prints when it starts on a machine without a GPU are left out (they are not bcg's)."""
-    env = {**os.environ, "BCG_DEBUG": ""}
+    repo = str(Path(__file__).resolve().parents[1])  # this checkout's bcg, whichever one is installed
+    path = os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "BCG_DEBUG": "", "PYTHONPATH": path}
     results = []
     for case in CASES:
         p = subprocess.run([sys.executable, "-m", "bcg.cli", *case.args(ws)], cwd=ws, env=env, capture_output=True,
@@ -193,6 +195,8 @@ def run_all(ws: Path) -> list[tuple[Case, int, list[str]]]:
 
 if __name__ == "__main__":  # regenerate the table of docs/input_handling.md
     import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's bcg, whichever one is installed
 
     target = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("docs/input_handling.md")
     with tempfile.TemporaryDirectory() as tmp:

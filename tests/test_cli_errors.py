@@ -74,3 +74,8 @@ def test_a_value_refused_while_parsing_exits_2_with_one_line(capsys):
     assert exc.value.code == 2
     lines = _stderr_lines(capsys)
     assert len(lines) == 1 and lines[0].startswith("bcg bench: error: sizes must be integers >= 1"), lines
+
+
+def test_usage_names_the_debug_switch(capsys):
+    assert main([]) == 0
+    assert "--debug" in capsys.readouterr().out
