@@ -17,9 +17,11 @@ from typing import Any, Literal
 
 import tyro
 
+from bcg.errors import UserError, one_line
 from bcg.evaluation.compare import Compare
 from bcg.evaluation.evaluate_cli import Evaluate
 from bcg.evaluation.studies import STUDY_COMMANDS
+from bcg.parsing import parse_command
 
 __all__ = ["COMMANDS", "main", "MOTION_COMMANDS"]
 
@@ -246,6 +248,17 @@ class Bench:
     """With --learning: a SHAC run of the timed preset to start from (the contact forces, hence bcg's trigger rate, of
     a policy that tracks)."""
 
+    def __post_init__(self) -> None:
+        from bcg.envs.config import check_count
+
+        # N = 0 or 0 steps would time nothing and print zeros and NaN ratios as if they were measurements
+        if self.sizes is not None and any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.sizes):
+            raise ValueError(f"sizes must be integers >= 1 (numbers of environments), got {list(self.sizes)}")
+        check_count("steps", self.steps, 1)
+        check_count("repeats", self.repeats, 1)
+        check_count("ratio_n", self.ratio_n, 0)
+        check_count("torch_threads", self.torch_threads, 1)
+
     def run(self) -> int:
         if self.learning:
             from bcg.evaluation.learning_throughput import main as learning_main
@@ -309,11 +322,7 @@ class Train:
         """Parse with bcg.agents.train.parse_train_args (presets first, then field-by-field overrides)."""
         from bcg.agents.train import parse_train_args
 
-        try:
-            return parse_train_args(args, prog=prog)
-        except (ValueError, TypeError) as exc:  # bad values, unknown estimator or motion, unusable checkpoint
-            print(f"{prog}: error: {exc}", file=sys.stderr)
-            raise SystemExit(2) from None
+        return parse_train_args(args, prog=prog)  # bad values: ValueError / TypeError, a one-line message (main)
 
 
 @dataclass(frozen=True)
@@ -332,11 +341,7 @@ class Export:
     def run(self) -> int:
         from bcg.agents.train import export_run
 
-        try:
-            path = export_run(self.run_dir, self.out, self.format)
-        except (ValueError, TypeError, FileNotFoundError) as exc:
-            print(f"bcg export: error: {exc}", file=sys.stderr)
-            return 2
+        path = export_run(self.run_dir, self.out, self.format)
         print(f"wrote {path}")
         return 0
 
@@ -354,6 +359,10 @@ COMMANDS: dict[str, type | dict[str, type]] = {
 """Top-level commands: a dataclass (a command) or a dict of them (a group)."""
 
 
+DEBUG_ENV = "BCG_DEBUG"
+"""Environment variable: set (to anything but empty or 0) to show the traceback of a user error, as ``--debug`` does."""
+
+
 def _usage() -> str:
     lines = ["usage: bcg COMMAND ...", "", "commands:"]
     for name, cmd in COMMANDS.items():
@@ -361,12 +370,46 @@ def _usage() -> str:
             lines.append(f"  {name} {{{', '.join(cmd)}}}")
         else:
             lines.append(f"  {name}  {(cmd.__doc__ or '').strip().splitlines()[0]}")
+    lines += ["", "A bad input prints one line 'bcg COMMAND: error: ...' and exits with 2; --debug (anywhere) or "
+              f"{DEBUG_ENV}=1 shows the traceback."]
     return "\n".join(lines)
 
 
+def _debug_requested(args: list[str]) -> tuple[bool, list[str]]:
+    """Whether ``--debug`` (anywhere on the line) or :data:`DEBUG_ENV` asks for tracebacks, and the arguments
+    without ``--debug``."""
+    rest = [a for a in args if a != "--debug"]
+    return len(rest) != len(args) or os.environ.get(DEBUG_ENV, "") not in ("", "0"), rest
+
+
+def _parse(name: str, rest: list[str]) -> Any:
+    """The command object of ``bcg NAME REST...`` (tyro prints usage errors itself and exits with 2)."""
+    cmd = COMMANDS[name]
+    if isinstance(cmd, dict):
+        if rest and rest[0] in cmd:  # the subcommand's own parser: its checks give one-line errors (parse_command)
+            return parse_command(cmd[rest[0]], rest[1:], prog=f"bcg {name} {rest[0]}")
+        return tyro.extras.subcommand_cli_from_dict(cmd, prog=f"bcg {name}", args=rest)  # the group's help, usage
+    if hasattr(cmd, "from_cli"):  # a command that parses its own arguments (e.g. train: presets, then overrides)
+        return cmd.from_cli(prog=f"bcg {name}", args=rest)
+    return parse_command(cmd, rest, prog=f"bcg {name}")
+
+
+def _command_name(name: str, rest: list[str]) -> str:
+    """``bcg NAME`` or, for a group, ``bcg NAME SUBCOMMAND`` (the prefix of the one-line messages)."""
+    if isinstance(COMMANDS[name], dict) and rest and rest[0] in COMMANDS[name]:
+        return f"bcg {name} {rest[0]}"
+    return f"bcg {name}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``bcg`` console script; returns the exit status."""
-    args = list(sys.argv[1:] if argv is None else argv)
+    """Entry point of the ``bcg`` console script; returns the exit status.
+
+    A user error (:class:`bcg.errors.UserError`, or a value that a config refuses while the arguments are parsed)
+    prints one line ``bcg COMMAND: error: MESSAGE`` and gives status 2 (a parse error exits with ``SystemExit(2)``,
+    as tyro's own usage errors do); Ctrl-C before a command has its own handler prints one line and gives 130.
+    ``--debug`` or ``BCG_DEBUG=1`` shows their tracebacks instead. Any other exception is a bug and keeps its
+    traceback."""
+    debug, args = _debug_requested(list(sys.argv[1:] if argv is None else argv))
     os.environ.setdefault("MUJOCO_GL", "egl")  # before anything imports mujoco: headless offscreen rendering
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
@@ -375,15 +418,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if name not in COMMANDS:
         print(f"bcg: unknown command {name!r}\n{_usage()}", file=sys.stderr)
         return 2
-    cmd = COMMANDS[name]
-    if isinstance(cmd, dict):
-        obj = tyro.extras.subcommand_cli_from_dict(cmd, prog=f"bcg {name}", args=rest)
-    elif hasattr(cmd, "from_cli"):  # a command that parses its own arguments (e.g. train: presets, then overrides)
-        obj = cmd.from_cli(prog=f"bcg {name}", args=rest)
-    else:
-        obj = tyro.cli(cmd, prog=f"bcg {name}", args=rest)
-    status = obj.run()
-    return int(status or 0)
+    prog = _command_name(name, rest)
+    try:
+        try:
+            obj = _parse(name, rest)
+        except (ValueError, TypeError) as exc:  # a config's own checks of the values it was given
+            if debug:
+                raise
+            print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+            raise SystemExit(2) from None
+        return int(obj.run() or 0)
+    except UserError as exc:
+        if debug:
+            raise
+        print(f"{prog}: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print(f"{prog}: interrupted (Ctrl-C)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -93,6 +93,10 @@ def test_truncated_and_empty_refused(tmp_path):
             for _ in range(32):
                 flip[rng.randrange(len(flip) // 4, len(flip))] ^= 0xFF
             garbage.write_bytes(bytes(flip))
+        if i % 2:  # random bytes are not called a pickled object: they are no torch file at all
+            with pytest.raises(CheckpointError, match=r"\(4096 bytes\) is not a torch file: it starts with"):
+                load_checkpoint(garbage)
+            continue
         try:
             load_checkpoint(garbage)
         except CheckpointError as exc:
@@ -155,6 +159,19 @@ def test_incompatible_config_names_fields(tmp_path):
     assert "estimator.name: checkpoint 'bcg', requested 'grs'" in msg and "shac.num_envs" in msg
     assert "iterations" not in msg
     check_compatible(ck, {**CONFIG, "iterations": 50}, ignore=("iterations",))  # run-control fields may differ
+
+
+def test_another_estimator_is_named_once_in_one_line(tmp_path):
+    """Resuming with --estimator grs listed every field grs has and the checkpoint's estimator lacks ('<absent>'),
+    over several lines; the estimator's name says it, on the one line bcg prints."""
+    ck = load_checkpoint(_save(tmp_path / "ck.pt"))
+    other = {**CONFIG, "estimator": {"name": "grs", "sigma_q": 0.02, "branches": 10}, "agent": "ppo"}
+    with pytest.raises(CheckpointError) as err:
+        check_compatible(ck, other)
+    msg = str(err.value)
+    assert "\n" not in msg and "<absent>" not in msg and "sigma_q" not in msg
+    assert msg.endswith("(differing fields): agent: checkpoint 'shac', requested 'ppo'; estimator.name: checkpoint "
+                        "'bcg', requested 'grs'"), msg
 
 
 def test_state_that_does_not_fit(tmp_path):

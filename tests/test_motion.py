@@ -413,3 +413,36 @@ def test_features_at_frames_equal_the_table(model):
     f = m.features_at(frames.double() * m.dt)
     for a, b in zip(f, m.features.rows(frames), strict=True):
         assert torch.allclose(a, b, atol=2e-5)
+
+
+def test_bytes_that_are_no_archive_are_not_called_a_pickle(tmp_path, model):
+    """Random bytes in a .npz were reported as 'pickled (object) data' (numpy's guess for anything not zip / npy)."""
+    (tmp_path / "noise.npz").write_bytes(np.random.default_rng(0).bytes(2000))
+    with pytest.raises(MotionFormatError, match=r"noise\.npz: not an NPZ archive \(it does not start with the") as e:
+        load_motion(tmp_path / "noise.npz", model=model)
+    assert "pickle" not in str(e.value)
+    np.save(tmp_path / "one.npy", np.zeros((3, 36)))
+    (tmp_path / "one.npy").rename(tmp_path / "one.npz")
+    with pytest.raises(MotionFormatError, match=r"one\.npz: holds a single \.npy array"):
+        load_motion(tmp_path / "one.npz", model=model)
+
+
+@pytest.mark.parametrize("declared", ["-50", "0", "abc", "nan"])
+def test_a_bad_declared_rate_is_named_not_called_missing(tmp_path, model, declared):
+    """'# fps: -50' was skipped by the declaration's pattern and reported as 'cannot tell the frame rate'."""
+    path = tmp_path / "clip.csv"
+    path.write_text(f"# fps: {declared}\n" + _write_csv(tmp_path / "plain.csv", _synthetic(5)).read_text())
+    with pytest.raises(MotionFormatError, match=rf"clip\.csv:1: declares fps '{declared}'; expected a frame rate > 0"):
+        load_motion(path, model=model)
+
+
+def test_a_folder_or_a_bad_rate_argument_is_a_user_error(tmp_path, model):
+    from bcg.errors import InputNotFoundError, UserError
+
+    (tmp_path / "d.csv").mkdir()
+    with pytest.raises(InputNotFoundError, match=r"d\.csv' is a folder; expected a packaged clip"):
+        load_motion(tmp_path / "d.csv", model=model)
+    with pytest.raises(UserError, match=r"frame rate must be a finite value > 0 \[Hz\], got 0"):
+        load_motion(_write_csv(tmp_path / "a.csv", _synthetic(5)), fps=0, model=model)
+    with pytest.raises(InputNotFoundError):  # still a FileNotFoundError for callers that catch that
+        load_motion("walk", model=model)

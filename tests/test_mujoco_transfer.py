@@ -245,11 +245,14 @@ def test_exported_policy_file_runs_in_mujoco(tmp_path):
     from bcg.evaluation.evaluate_cli import Evaluate
 
     run = _tiny_policy_file(tmp_path)
-    assert Evaluate(str(run), phases=2, seeds=(0,), seconds=0.1, progress=False).run() == 0
-    d = json.loads((run / "eval" / "metrics.json").read_text())
+    cmd = Evaluate(str(run), phases=2, seeds=(0,), seconds=0.1, progress=False)
+    assert cmd.run() == 0
+    out = cmd.default_out_dir(run / "eval", "jump")
+    assert out.parent == run / "eval" and out.name.startswith("jump-")  # options other than the defaults: a hash
+    d = json.loads((out / "metrics.json").read_text())
     assert d["motion"] == "jump" and d["policy"].endswith("policy.pt")
     assert d["mujoco"]["steps"] > 0 and np.isfinite(d["mujoco"]["e_track_cm"])
-    assert (run / "eval" / "metrics.md").read_text().startswith("# Transfer evaluation")
+    assert (out / "metrics.md").read_text().startswith("# Transfer evaluation")
 
 
 def test_video_writes_mp4(tmp_path):
@@ -307,8 +310,9 @@ def test_trained_run_evaluates(tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     run = tmp_path / "tiny"
-    assert Evaluate(str(run), phases=2, seeds=(0,), seconds=0.2, progress=False).run() == 0
-    d = json.loads((run / "eval" / "metrics.json").read_text())
+    cmd = Evaluate(str(run), phases=2, seeds=(0,), seconds=0.2, progress=False)
+    assert cmd.run() == 0
+    d = json.loads((cmd.default_out_dir(run / "eval", "jump") / "metrics.json").read_text())
     ends = {e["end"] for sim in ("mujoco", "bcg") for e in d["episodes"][sim]}
     assert ends <= {"fell", "unstable", "end"} and d["mujoco"]["episodes"] == 2
 
@@ -320,3 +324,86 @@ def test_command_errors_are_messages(capsys):
     assert "neither a run directory, a policy file nor 'reference'" in capsys.readouterr().err
     assert main(["evaluate", "reference"]) == 2
     assert "needs --motion" in capsys.readouterr().err
+
+
+# -------------------------------------------------------------------------------------------- bcg evaluate's outputs
+
+QUICK = ["--phases", "1", "--seeds", "0", "--seconds", "0.06", "--no-progress"]
+
+
+def test_evaluations_of_other_clips_or_options_keep_their_own_folders(tmp_path, capsys):
+    """`bcg evaluate RUN` wrote RUN/eval/metrics.{json,md} every time: evaluating the run clip replaced the jump
+    results. Each clip and set of options now has its folder, and an earlier result is replaced only with --force."""
+    from bcg.cli import main
+    from bcg.evaluation.evaluate_cli import Evaluate
+
+    run = _tiny_policy_file(tmp_path)
+    assert main(["evaluate", str(run), *QUICK]) == 0
+    assert main(["evaluate", str(run), *QUICK, "--motion", "run"]) == 0
+    assert main(["evaluate", str(run), *QUICK, "--joint-noise", "0.0"]) == 0
+    quick = Evaluate(str(run), phases=1, seeds=(0,), seconds=0.06)
+    jump, run_clip = quick.default_out_dir(run / "eval", "jump"), quick.default_out_dir(run / "eval", "run")
+    still = Evaluate(str(run), phases=1, seeds=(0,), seconds=0.06, joint_noise=0.0).default_out_dir(run / "eval",
+                                                                                                      "jump")
+    assert sorted((run / "eval").iterdir()) == sorted([jump, run_clip, still])
+    for folder, clip in ((jump, "jump"), (run_clip, "run"), (still, "jump")):
+        assert json.loads((folder / "metrics.json").read_text())["motion"] == clip
+    before = (jump / "metrics.json").read_bytes()
+    capsys.readouterr()
+    assert main(["evaluate", str(run), *QUICK]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"bcg evaluate: error: {jump / 'metrics.json'} exists (an earlier evaluation with this clip and "
+                   "these options); pass --force to replace it, or --out-dir another folder"]
+    assert (jump / "metrics.json").read_bytes() == before
+    assert main(["evaluate", str(run), *QUICK, "--force"]) == 0
+
+
+def test_the_default_options_name_the_folder_after_the_clip_alone(tmp_path):
+    from bcg.evaluation.evaluate_cli import Evaluate
+
+    assert Evaluate("RUN").default_out_dir(Path("RUN/eval"), "jump") == Path("RUN/eval/jump")
+    assert Evaluate("reference", motion="run").default_out_dir(Path("eval"), "run") == Path("eval/reference-run")
+    stiff, stiffer = Evaluate("RUN", kappa=500.0), Evaluate("RUN", kappa=600.0)
+    assert stiff.default_out_dir(Path("e"), "jump") != stiffer.default_out_dir(Path("e"), "jump")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--motion", "moonwalk"], "motion 'moonwalk' is neither a packaged clip (run, jump, fight, dance) nor an existing "
+                               "file"),
+    (["--kappa", "-5"], "kappa must be a finite number > 0 [1/m] or None, got -5.0"),
+    (["--phases", "0"], "phases must be an integer >= 1, got 0"),
+    (["--out-dir", "FILE"], "--out-dir FILE is a file; expected a folder for metrics.json and metrics.md"),
+])
+def test_bad_evaluate_inputs_are_one_line(tmp_path, capsys, args, message):
+    from bcg.cli import main
+
+    run = _tiny_policy_file(tmp_path)
+    (tmp_path / "FILE").write_text("a file\n")
+    args = [a.replace("FILE", str(tmp_path / "FILE")) for a in args]
+    try:
+        status = main(["evaluate", str(run), *QUICK, *args])
+    except SystemExit as exc:  # refused while parsing (the options' own checks)
+        status = exc.code
+    assert status == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == [f"bcg evaluate: error: {message.replace('FILE', str(tmp_path / 'FILE'))}"]
+    assert not (run / "eval").exists()
+
+
+def test_the_policy_clip_must_still_exist_and_be_unchanged(tmp_path):
+    from bcg.errors import InputNotFoundError, UserError
+    from bcg.evaluation.evaluate_cli import policy_motion
+    from bcg.files import file_sha256
+    from bcg.motion import load_motion, packaged_motion_path
+
+    clip = load_motion("jump").save(tmp_path / "mine.npz")
+    meta = {"name": "mine", "source": str(clip), "sha256": file_sha256(clip)}
+    assert policy_motion(meta) == str(clip)
+    assert policy_motion({"name": "jump", "source": "x", "sha256": file_sha256(packaged_motion_path("jump"))}) == "jump"
+    clip.write_bytes(clip.read_bytes() + b"\0")
+    with pytest.raises(UserError, match=r"mine\.npz has changed since the policy was trained .*--motion"):
+        policy_motion(meta)
+    clip.unlink()
+    with pytest.raises(InputNotFoundError, match=r"the policy's clip '.*mine\.npz' no longer exists; pass --motion"):
+        policy_motion(meta)
+    assert policy_motion({"name": "mine", "source": str(clip), "sha256": None} | {"name": "jump"}) == "jump"

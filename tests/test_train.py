@@ -25,19 +25,20 @@ class FakeAgent:
     """A random walk w <- w + 0.1 noise with its own generator; metrics are functions of w (exact state: w, the
     generator, the counters)."""
 
-    def __init__(self, seed: int = 0, width: int = 3, interrupt_at: int | None = None, crash_at: int | None = None):
+    def __init__(self, seed: int = 0, width: int = 3, interrupt_at: int | None = None, crash_at: int | None = None,
+                 interrupt_with: int = signal.SIGINT):
         self.iteration = 0
         self.samples = 0
         self.w = torch.zeros(width, dtype=torch.float64)
         self.gen = torch.Generator().manual_seed(seed)
-        self.interrupt_at, self.crash_at = interrupt_at, crash_at
+        self.interrupt_at, self.crash_at, self.interrupt_with = interrupt_at, crash_at, interrupt_with
 
     def train_iteration(self) -> dict[str, float]:
         if self.crash_at is not None and self.iteration + 1 == self.crash_at:
             raise RuntimeError("simulated crash")
         self.w = self.w + 0.1 * torch.randn(self.w.shape, generator=self.gen, dtype=torch.float64)
         if self.interrupt_at is not None and self.iteration + 1 == self.interrupt_at:
-            signal.raise_signal(signal.SIGINT)  # Ctrl-C in the middle of an iteration
+            signal.raise_signal(self.interrupt_with)  # Ctrl-C (or SIGTERM) in the middle of an iteration
         self.iteration += 1
         self.samples += 32
         m = {k: math.nan for k in METRIC_NAMES}
@@ -125,6 +126,7 @@ def test_resume_after_crash_drops_rows_past_the_checkpoint(tmp_path):
 
 
 def test_ctrl_c_finishes_iteration_checkpoints_and_resumes(tmp_path, capsys):
+    before = signal.getsignal(signal.SIGINT)  # default_int_handler, or SIG_IGN when started in the background
     a, b = tmp_path / "a", tmp_path / "b"
     assert _trainer(a, FakeAgent(), iterations=6, every=0).run() == 0
     assert _trainer(b, FakeAgent(interrupt_at=3), iterations=6, every=0).run() == 130
@@ -134,7 +136,57 @@ def test_ctrl_c_finishes_iteration_checkpoints_and_resumes(tmp_path, capsys):
     assert ck.iteration == 3 and len(_rows(b)) == 3  # the interrupted iteration was completed, then saved
     assert _trainer(b, FakeAgent(), iterations=6, every=0, resume=ck).run() == 0
     assert _rows(b) == _rows(a)
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the handler was restored
+    assert signal.getsignal(signal.SIGINT) is before  # the handler was restored to what it was
+
+
+def test_ctrl_c_test_passes_when_sigint_is_ignored(tmp_path, capsys):
+    """Started from a background job SIGINT is ignored; the trainer restores SIG_IGN (the test above must accept
+    that rather than insist on default_int_handler)."""
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        test_ctrl_c_finishes_iteration_checkpoints_and_resumes(tmp_path, capsys)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def test_sigterm_finishes_iteration_checkpoints_and_resumes(tmp_path, capsys):
+    """SIGTERM (a scheduler's or `kill`'s stop) is handled as Ctrl-C: the iteration is finished and checkpointed;
+    the status is 143 (128 + SIGTERM) and the run resumes to the same rows."""
+    before = signal.getsignal(signal.SIGTERM)
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert _trainer(a, FakeAgent(), iterations=5, every=0).run() == 0
+    assert _trainer(b, FakeAgent(interrupt_at=2, interrupt_with=signal.SIGTERM), iterations=5, every=0).run() == 143
+    err = capsys.readouterr().err
+    assert "SIGTERM" in err and "bcg train --resume" in err
+    ck = load_checkpoint(b)
+    assert ck.iteration == 2 and len(_rows(b)) == 2
+    assert _trainer(b, FakeAgent(), iterations=5, every=0, resume=ck).run() == 0
+    assert _rows(b) == _rows(a)
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_stale_temporaries_are_removed_and_files_get_one_mode(tmp_path, capsys):
+    """A write killed with SIGKILL leaves its temporary file (.NAME.XXXX.tmp); the next start removes it. Checkpoints
+    and policy.pt (written through mkstemp, 0600) get the mode of the run's other files (0666 less the umask)."""
+    import os
+
+    run = tmp_path / "run"
+    assert _trainer(run, FakeAgent(), iterations=2).run() == 0
+    stale = [run / "checkpoints" / ".iter_000003.pt.k1ll3d.tmp", run / ".policy.pt.abcd1234.tmp",
+             run / ".config.json.tmp"]
+    for f in stale:
+        f.write_bytes(b"")
+    keep = run / "checkpoints" / "notes.tmp"  # not one of ours: no leading dot
+    keep.write_text("mine\n")
+    assert _trainer(run, FakeAgent(), iterations=3, resume=load_checkpoint(run)).run() == 0
+    assert not any(f.exists() for f in stale) and keep.exists()
+    assert "left by a write that was killed" in capsys.readouterr().err
+    mask = os.umask(0o022)
+    os.umask(mask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [*run.iterdir(), *(run / "checkpoints").iterdir()]
+             if p.is_file()}
+    assert set(modes.values()) == {0o666 & ~mask}, modes
 
 
 def test_resume_refuses_other_config_and_state(tmp_path):
@@ -270,6 +322,10 @@ def test_shac_resume_equals_uninterrupted_and_export(tmp_path, capsys):
     assert main(["train", "--resume", str(part.run_dir), "--iterations", "5", "--estimator", "grs"]) == 2
     assert "estimator.name: checkpoint 'bcg', requested 'grs'" in capsys.readouterr().err
 
+    assert main(["export", str(part.run_dir), "--out", str(tmp_path)]) == 2  # a folder: one line, nothing written
+    assert capsys.readouterr().err.strip() == (f"bcg export: error: --out {tmp_path} is a folder; expected the path of "
+                                               f"the policy file to write, e.g. {tmp_path / 'policy.pt'}")
+    assert not (tmp_path / "policy.pt").exists()
     out = tmp_path / "exported.pt"
     assert main(["export", str(part.run_dir), "--out", str(out)]) == 0
     pol = load_policy(out)
@@ -309,3 +365,160 @@ def test_ppo_resume_equals_uninterrupted(tmp_path):
     part = train(parse_train_args([*tiny, "--iterations", "1", "--name", "part"]))
     assert main(["train", "--resume", str(part.run_dir), "--iterations", "2", "--no-progress"]) == 0
     assert _rows(part.run_dir) == _rows(full.run_dir) and len(_rows(full.run_dir)) == 2
+
+
+# -------------------------------------------------------------------------------------------- no run loses data
+
+
+class PolicyAgent(FakeAgent):
+    """A FakeAgent whose exported 'policy' records the iteration it was taken at (train() exports at the end)."""
+
+    def export_policy(self) -> dict:
+        return {"format": "bcg-policy", "version": 1, "meta": {"iteration": self.iteration}, "tensors": {}}
+
+
+def _policy_iteration(path) -> int:
+    return json.loads(torch.load(path, weights_only=True)["meta_json"])["iteration"]
+
+
+def _run(tmp_path, *args, agent=PolicyAgent):
+    """``bcg train ARGS`` through parse_train_args and train() with a fake agent (no simulator)."""
+    from bcg.agents.train import parse_train_args, train
+
+    cfg = parse_train_args(["--no-progress", "--no-tensorboard", "--eval-every", "0", "--torch-threads", "None",
+                            "--out", str(tmp_path), *args])
+    return train(cfg, agent_factory=lambda c: agent())
+
+
+def _snapshot(folder):
+    """{relative path: bytes} of every file below ``folder``."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_resume_from_an_older_checkpoint_refuses_naming_the_later_ones(tmp_path):
+    from bcg.errors import UserError
+
+    run = _run(tmp_path, "--iterations", "6", "--checkpoint-every", "1", "--name", "run").run_dir
+    before = _snapshot(run)
+    old = run / "checkpoints" / "iter_000003.pt"
+    with pytest.raises(UserError, match=r"iter_000003\.pt is at iteration 3 but .*later checkpoints "
+                                        r"\(iter_000004\.pt, iter_000005\.pt, iter_000006\.pt\).*--branch"):
+        _run(tmp_path, "--resume", str(old), "--iterations", "4")
+    assert _snapshot(run) == before  # nothing deleted, replaced or added
+    assert _policy_iteration(run / "policy.pt") == 6
+
+
+def test_branch_continues_an_older_checkpoint_in_a_new_run_directory(tmp_path):
+    run = _run(tmp_path, "--iterations", "6", "--checkpoint-every", "1", "--name", "run").run_dir
+    before = _snapshot(run)
+    res = _run(tmp_path, "--resume", str(run / "checkpoints" / "iter_000003.pt"), "--iterations", "4", "--branch",
+               "--name", "branch")
+    assert res.status == 0 and res.run_dir == tmp_path / "branch"
+    assert _snapshot(run) == before
+    assert _rows(res.run_dir) == _rows(run)[:4]  # the branch repeats the run's iteration 4 exactly
+    assert sorted(p.name for p in (res.run_dir / "checkpoints").iterdir()) == ["iter_000004.pt"]
+    assert _policy_iteration(res.run_dir / "policy.pt") == 4
+    saved = json.loads((res.run_dir / "config.json").read_text())
+    assert saved["name"] == "branch" and saved["branch"] is True
+    # without --name the branch goes beside the run, named after it and the iteration it starts from
+    res2 = _run(tmp_path / "elsewhere", "--resume", str(run / "checkpoints" / "iter_000002.pt"), "--iterations", "3",
+                "--branch", "--out", str(run.parent))
+    assert res2.run_dir.parent == run.parent and res2.run_dir.name.startswith("run-from-iter2-")
+    # and the branch run itself resumes in place (its own checkpoints/), not as another branch
+    res3 = _run(tmp_path, "--resume", str(res.run_dir), "--iterations", "5")
+    assert res3.run_dir == res.run_dir and _rows(res.run_dir) == _rows(run)[:5]
+
+
+def test_resume_of_a_checkpoint_outside_a_run_does_not_write_beside_it(tmp_path):
+    from bcg.errors import UserError
+
+    run = _run(tmp_path, "--iterations", "4", "--checkpoint-every", "2", "--name", "run").run_dir
+    d = tmp_path / "D"
+    d.mkdir()
+    (d / "ck.pt").write_bytes((run / "checkpoints" / "iter_000004.pt").read_bytes())
+    for name in ("config.json", "metrics.csv", "policy.pt"):
+        (d / name).write_text(f"the user's own {name}\n")
+    before = _snapshot(d)
+    with pytest.raises(UserError, match=r"ck\.pt is not in a run's checkpoints/ folder.*--branch"):
+        _run(tmp_path, "--resume", str(d / "ck.pt"), "--iterations", "5")
+    assert _snapshot(d) == before
+    res = _run(tmp_path, "--resume", str(d / "ck.pt"), "--iterations", "5", "--branch", "--name", "from-copy")
+    assert res.run_dir == tmp_path / "from-copy" and _rows(res.run_dir) == _rows(run) + _rows(res.run_dir)[4:]
+    assert _snapshot(d) == before
+
+
+def test_name_or_out_with_an_in_place_resume_is_refused(tmp_path):
+    from bcg.errors import UserError
+
+    run = _run(tmp_path, "--iterations", "2", "--name", "run").run_dir
+    for extra, flag in ((["--name", "other"], "--name other"), (["--out", str(tmp_path / "x")], "--out")):
+        with pytest.raises(UserError, match=rf"{flag}.*a resumed run stays in .*run.*--branch"):
+            _run(tmp_path, "--resume", str(run), "--iterations", "3", *extra)
+    assert json.loads((run / "config.json").read_text())["name"] == "run"
+    with pytest.raises(ValueError, match="--branch continues a checkpoint in a new run directory; it needs --resume"):
+        _run(tmp_path, "--iterations", "2", "--branch")
+
+
+def test_motion_file_is_recorded_absolute_with_its_hash(tmp_path, monkeypatch):
+    from bcg.agents.train import parse_train_args
+    from bcg.errors import UserError
+    from bcg.files import file_sha256
+    from bcg.motion import load_motion
+
+    clips = tmp_path / "clips"
+    clips.mkdir()
+    clip = load_motion("jump").save(clips / "myjump.npz")
+    monkeypatch.chdir(clips)
+    assert parse_train_args(["--motion", "myjump.npz"]).motion == str(clip.resolve())
+    run = _run(tmp_path, "--motion", "myjump.npz", "--iterations", "2", "--name", "run").run_dir
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["motion"] == str(clip.resolve()) and saved["motion_sha256"] == file_sha256(clip)
+    monkeypatch.chdir(tmp_path)  # from another folder the run still finds its clip
+    assert _run(tmp_path, "--resume", str(run), "--iterations", "3").status == 0
+    clip.write_bytes(clip.read_bytes() + b"\0")
+    with pytest.raises(UserError, match=r"myjump\.npz has changed since the run recorded it \(sha256 "):
+        _run(tmp_path, "--resume", str(run), "--iterations", "4")
+    clip.unlink()
+    with pytest.raises(ValueError, match=r"motion file '.*myjump\.npz' does not exist"):
+        _run(tmp_path, "--resume", str(run), "--iterations", "4")
+    assert load_checkpoint(run).iteration == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device", "foo"], "unknown device 'foo'; expected 'cpu', 'cuda' or 'cuda:K'"),
+    (["--out", "FILE"], "--out {tmp}/FILE is a file; expected a folder in which the run directory is made"),
+    (["--out", "/proc/no/such"], "cannot create the run directory /proc/no/such/"),
+])
+def test_run_settings_that_cannot_work_are_refused_before_training(tmp_path, args, message):
+    from bcg.errors import UserError
+
+    (tmp_path / "FILE").write_text("a file\n")
+    args = [a.replace("FILE", str(tmp_path / "FILE")) for a in args]
+    with pytest.raises(UserError, match=message.replace("{tmp}", str(tmp_path)).replace("(", r"\(")):
+        _run(tmp_path / "runs", "--iterations", "1", *args)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cuda_without_a_gpu_is_refused(tmp_path):
+    import warp as wp
+
+    from bcg.errors import UserError
+
+    wp.init()
+    if wp.is_cuda_available():
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(UserError, match="device 'cuda' requested but Warp finds no CUDA device"):
+        _run(tmp_path, "--iterations", "1", "--device", "cuda")
+
+
+def test_a_taken_run_name_suggests_resume_only_where_there_is_a_checkpoint(tmp_path):
+    from bcg.errors import UserError
+
+    (tmp_path / "empty-run").mkdir()
+    (tmp_path / "empty-run" / "notes.txt").write_text("not a run\n")
+    with pytest.raises(UserError, match=r"empty-run exists and is not empty; choose another --name, or remove it$"):
+        _run(tmp_path, "--iterations", "1", "--name", "empty-run")
+    _run(tmp_path, "--iterations", "1", "--name", "run")
+    with pytest.raises(UserError, match=r"run exists and is not empty; choose another --name, or continue it with "
+                                        r"--resume .*run$"):
+        _run(tmp_path, "--iterations", "1", "--name", "run")

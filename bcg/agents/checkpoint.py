@@ -28,6 +28,8 @@ from typing import Any
 import torch
 
 from bcg.agents.export import read_torch_file
+from bcg.errors import UserError
+from bcg.files import new_file_mode
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "CheckpointError", "atomic_torch_save",
            "check_compatible", "config_differences", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
@@ -39,7 +41,7 @@ CHECKPOINT_VERSION = 1
 """Checkpoint layout version this module writes and reads."""
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be used: missing, truncated, corrupt, unsafe, of another format or incompatible."""
 
 
@@ -59,7 +61,9 @@ def _fsync_dir(folder: Path) -> None:
 
 def atomic_torch_save(obj: Any, path: str | Path) -> Path:
     """``torch.save(obj)`` to ``path`` atomically: temporary file in the same folder, flush, fsync, rename, fsync of
-    the folder. Either the old file or the complete new one is under ``path`` at every moment. Returns the path."""
+    the folder. Either the old file or the complete new one is under ``path`` at every moment; the file gets the mode
+    of any other new file (0o666 less the umask, not mkstemp's 0o600). A temporary file left by a process killed
+    mid-write is removed by :func:`bcg.files.remove_stale_temporaries` at the run's next start. Returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -68,6 +72,7 @@ def atomic_torch_save(obj: Any, path: str | Path) -> Path:
             torch.save(obj, f)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, new_file_mode())
         os.replace(tmp, path)
     except BaseException:  # KeyboardInterrupt included: never leave the temporary file behind
         try:
@@ -203,10 +208,13 @@ def check_compatible(ckpt: Checkpoint, config: Mapping[str, Any], ignore: Iterab
     (except ``ignore``): resuming with another agent, estimator, reward, motion or network would not fit or would not
     continue the same run."""
     diffs = config_differences(ckpt.config, config, ignore)
+    # another estimator (or any other named choice) brings its own fields: name the choice, not each field it adds
+    renamed = {k[: -len("name")] for k, _, _ in diffs if k.endswith(".name")}
+    diffs = [d for d in diffs if not (any(d[0].startswith(r) for r in renamed) and "<absent>" in d[1:])]
     if diffs:
-        lines = "\n".join(f"  {k}: checkpoint {va!r}, requested {vb!r}" for k, va, vb in diffs)
+        lines = "; ".join(f"{k}: checkpoint {va!r}, requested {vb!r}" for k, va, vb in diffs)
         raise CheckpointError(f"{ckpt.path} was written by a run with another configuration; resume it with the "
-                              f"same settings (differing fields):\n{lines}")
+                              f"same settings (differing fields): {lines}")
 
 
 def verify_state_fits(ckpt_state: Mapping[str, Any], fresh_state: Mapping[str, Any], path: Path | str) -> None:

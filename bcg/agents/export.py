@@ -12,16 +12,17 @@ back as an :class:`ExportedPolicy`, a small ``torch.nn.Module``:
   the targets are q_ref + s_a tanh(a) and ``action_to_target(a, reference_joint_pos)`` needs the reference's joint
   positions at the frame the step lands on;
 * metadata: ``observation_layout`` (term, size), ``mjcf_sha256`` (sha256 of the robot MJCF the env simulated),
-  ``motion`` (clip name and source), ``agent``, ``bcg_version``, the env options that change the dynamics.
+  ``motion`` (clip name, source and the source file's sha256), ``agent``, ``bcg_version``, the env options that
+  change the dynamics.
 
 File format (version :data:`POLICY_FORMAT_VERSION`): ``torch.save`` of a dict holding only a format tag, a JSON string
 of the metadata (including the layer list) and a flat ``{name: tensor}`` dict, so ``torch.load(..., weights_only=True)``
-reads it and a policy file cannot execute code when loaded. This module imports only torch and the standard library.
+reads it and a policy file cannot execute code when loaded. This module imports only torch, the standard library,
+:mod:`bcg.errors` and :mod:`bcg.files`.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Mapping
@@ -30,6 +31,9 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from bcg.errors import UserError
+from bcg.files import file_sha256
 
 __all__ = ["POLICY_FORMAT", "POLICY_FORMAT_VERSION", "ExportedPolicy", "PolicyFileError", "check_mjcf_hash",
            "file_sha256", "load_policy", "policy_export", "read_torch_file", "save_policy"]
@@ -43,13 +47,8 @@ _ACTIVATIONS: dict[str, type[nn.Module]] = {"ELU": nn.ELU, "ReLU": nn.ReLU, "Tan
                                             "Identity": nn.Identity}
 
 
-class PolicyFileError(ValueError):
+class PolicyFileError(UserError):
     """A policy file that is not one, is damaged, or holds something this loader refuses to build."""
-
-
-def file_sha256(path: str | Path) -> str:
-    """Hex sha256 of a file's bytes (the MJCF hash of an export)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 # -------------------------------------------------------------------------------------------- encoding the network
@@ -162,7 +161,8 @@ def policy_export(mean_net: nn.Sequential, obs_mean: torch.Tensor, obs_var: torc
         "action_offset": str(env.action_offset),
         "mjcf_file": MJCF_PATH.name,
         "mjcf_sha256": file_sha256(MJCF_PATH),
-        "motion": {"name": env.motion.name, "source": str(env.motion.source), "num_frames": int(env.num_frames)},
+        "motion": {"name": env.motion.name, "source": str(env.motion.source), "num_frames": int(env.num_frames),
+                   "sha256": file_sha256(env.motion.source) if Path(env.motion.source).is_file() else None},
         "control_dt": float(env.control_dt),
         "env": {"kappa": cfg.kappa, "substeps": cfg.substeps, "sim_dt": cfg.sim_dt, "ref_steps": cfg.ref_steps,
                 "domain_randomization": cfg.domain_randomization is not False},
@@ -275,6 +275,11 @@ def read_torch_file(path: str | Path, what: str, error: type[ValueError] = Polic
     size = p.stat().st_size
     if size == 0:
         raise error(f"{what} {p} is empty (0 bytes): an interrupted write or a truncated copy")
+    with open(p, "rb") as f:
+        head = f.read(4)
+    if head != b"PK\x03\x04" and not head.startswith(b"\x80"):  # torch.save's zip archive, or a legacy pickle
+        raise error(f"{what} {p} ({size} bytes) is not a torch file: it starts with {head!r}, neither the zip "
+                    "signature of torch.save nor a pickle header")
     try:
         return torch.load(p, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as exc:

@@ -10,7 +10,7 @@ run directory::
         versions.json      python, torch, warp, mujoco, gymnasium, stable-baselines3, tyro, numpy, bcg, git commit
         metrics.csv        one row per iteration: iteration, samples, wall_time_s, METRIC_NAMES, the agent's extras
         tensorboard/       TensorBoard event files with the same scalars (step = iteration)
-        checkpoints/       iter_NNNNNN.pt every checkpoint_every iterations, at the end and on Ctrl-C
+        checkpoints/       iter_NNNNNN.pt every checkpoint_every iterations, at the end and on Ctrl-C or SIGTERM
         policy.pt          the self-contained policy (bcg.agents.export) at the end
 
 ``--resume RUN_DIR_OR_CHECKPOINT`` continues a run in its own directory: metrics.csv is rewritten from the
@@ -40,16 +40,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
+import tyro
+
 from bcg.agents.base import METRIC_NAMES
 from bcg.agents.checkpoint import (
     Checkpoint,
     CheckpointError,
     check_compatible,
     latest_checkpoint,
+    list_checkpoints,
     load_checkpoint,
     save_checkpoint,
     verify_state_fits,
 )
+from bcg.errors import UserError
+from bcg.files import remove_stale_temporaries
+from bcg.parsing import parse_command
 
 if TYPE_CHECKING:  # pragma: no cover - bound at parse time by _bind_types (plugins included)
     from bcg.agents.add import ADDConfig
@@ -74,11 +80,15 @@ EVAL_COLUMNS: dict[str, str] = {
 simulator from fixed start phases with fixed initial noise, so that the numbers of a run are comparable over its
 iterations and across methods (the training columns mix exploration noise and the changing episode phases)."""
 
-RUN_CONTROL_FIELDS: tuple[str, ...] = ("iterations", "max_time_s", "checkpoint_every", "resume", "out", "name",
-                                       "device", "torch_threads", "update_threads", "progress", "tensorboard",
+RUN_CONTROL_FIELDS: tuple[str, ...] = ("iterations", "max_time_s", "checkpoint_every", "resume", "branch", "out",
+                                       "name", "device", "torch_threads", "update_threads", "progress", "tensorboard",
                                        "eval_every", "eval_episodes", "eval_seconds")
 """TrainConfig fields a resumed run may change: how long and where it runs, not what it computes (the numbers are
 exact on the device the checkpoint was written on)."""
+
+RECORDED_FIELDS: tuple[str, ...] = ("motion_sha256",)
+"""TrainConfig fields that bcg records rather than the user chooses; a resume checks them on their own (a checkpoint
+written before they existed has None)."""
 
 
 ENV_PRESETS: dict[str, dict[str, Any]] = {
@@ -152,11 +162,15 @@ class TrainConfig:
     name: str | None = None
     """Run directory name (default: MOTION-AGENT[-ESTIMATOR][-add]-PRESET-sSEED-YYYYmmdd-HHMMSS)."""
     checkpoint_every: int = 50
-    """Write a checkpoint every this many iterations (0: only at the end and on Ctrl-C)."""
+    """Write a checkpoint every this many iterations (0: only at the end and on Ctrl-C or SIGTERM)."""
     resume: Path | None = None
     """Continue a run: its run directory (latest checkpoint) or a checkpoint file. The other options default to the
     checkpoint's; only iterations, max_time_s, checkpoint_every, device, torch_threads, progress and tensorboard may
-    differ."""
+    differ. The run continues in its own directory, from its latest checkpoint only (an older one, or a checkpoint
+    outside a run's checkpoints/ folder, needs --branch)."""
+    branch: bool = False
+    """With --resume: continue from the checkpoint in a new run directory (--out, --name; default: beside the run,
+    RUN-from-iterN-YYYYmmdd-HHMMSS), leaving the run it came from as it is."""
     device: str = "cpu"
     """Torch / Warp device of the environment and the networks: cpu or cuda[:K]."""
     kappa: float | None = None
@@ -189,6 +203,8 @@ class TrainConfig:
     """Evaluation episodes: start phases spread evenly over the clip (initial joint noise +-0.02 rad, seed 0)."""
     eval_seconds: float = 3.0
     """Longest evaluation episode [s] (each also ends at a fall or the clip's end)."""
+    motion_sha256: tyro.conf.Suppress[str | None] = None
+    """sha256 of the motion file, recorded when the run starts (a resume refuses a changed file); not an option."""
 
     def __post_init__(self) -> None:
         from bcg.envs.config import check_count
@@ -226,7 +242,11 @@ class TrainConfig:
                              "the simulator (leave --estimator at bptt with --agent ppo)")
         if self.name is not None and (not self.name or "/" in self.name or self.name in (".", "..")):
             raise ValueError(f"name must be a plain directory name, got {self.name!r}")
+        if self.branch and self.resume is None:
+            raise ValueError("--branch continues a checkpoint in a new run directory; it needs --resume")
         _check_motion(self.motion)
+        if self.motion not in _packaged_motions():  # the run must find its clip from any folder
+            object.__setattr__(self, "motion", str(Path(self.motion).resolve()))
         self.env_config()  # the env options are checked by EnvConfig itself (kappa > 0, max_episode_steps >= 1)
 
     def env_config(self) -> EnvConfig:
@@ -246,26 +266,31 @@ class TrainConfig:
         return self.shac if self.agent == "shac" else self.ppo
 
     def run(self) -> int:
-        """Run :func:`train` (the ``bcg train`` command); returns the exit status (130 after Ctrl-C, 2 when the
-        checkpoint to resume or the run directory cannot be used)."""
-        try:
-            return train(self).status
-        except (CheckpointError, FileExistsError) as exc:
-            print(f"bcg train: error: {exc}", file=sys.stderr)
-            return 2
+        """Run :func:`train` (the ``bcg train`` command); returns the exit status (130 after Ctrl-C, 143 after
+        SIGTERM). A checkpoint or run directory that cannot be used raises a :class:`~bcg.errors.UserError` (one line
+        from ``bcg``)."""
+        return train(self).status
+
+
+def _packaged_motions() -> tuple[str, ...]:
+    from bcg.motion import PACKAGED_MOTIONS
+
+    return PACKAGED_MOTIONS
 
 
 def _check_motion(motion: str) -> None:
-    from bcg.motion import PACKAGED_MOTIONS
-
+    packaged = _packaged_motions()
     if not isinstance(motion, str) or not motion:
         raise ValueError(f"motion must be a clip name or a path, got {motion!r}")
-    if motion in PACKAGED_MOTIONS:
+    if motion in packaged:
         return
     p = Path(motion)
     if p.suffix.lower() in (".npz", ".csv") and p.is_file():
         return
-    raise ValueError(f"unknown motion {motion!r}: expected one of {', '.join(PACKAGED_MOTIONS)} or the path of an "
+    if p.suffix.lower() in (".npz", ".csv"):
+        raise ValueError(f"motion file {motion!r} does not exist (expected one of {', '.join(packaged)} or the path "
+                         "of an existing .npz / .csv motion file)")
+    raise ValueError(f"unknown motion {motion!r}: expected one of {', '.join(packaged)} or the path of an "
                      "existing .npz / .csv motion file")
 
 
@@ -280,8 +305,6 @@ def _bind_types() -> None:
     """Bind the names :class:`TrainConfig`'s annotations refer to, for tyro and :func:`config_from_dict`: the agent
     config classes and ``EstimatorChoice``, the union over the estimators registered *now* (plugins included), one
     tyro subcommand each."""
-    import tyro
-
     from bcg.agents.add import ADDConfig
     from bcg.agents.ppo import PPOConfig
     from bcg.agents.shac import SHACConfig
@@ -337,8 +360,6 @@ def parse_train_args(args: Sequence[str], prog: str = "bcg train") -> TrainConfi
     configs, or the checkpoint's whole config when resuming); the second is tyro over :class:`TrainConfig` with those
     defaults, so ``--shac.FIELD`` overrides one field of the preset. Raises ``ValueError`` (or
     :class:`~bcg.agents.checkpoint.CheckpointError`) with a clear message on bad values."""
-    import tyro
-
     _bind_types()
     rest, est_name = _split_estimator(list(args))
     first = argparse.ArgumentParser(add_help=False)
@@ -349,7 +370,7 @@ def parse_train_args(args: Sequence[str], prog: str = "bcg train") -> TrainConfi
     if known.resume is not None and not any(a in ("-h", "--help") for a in rest):
         ckpt = load_checkpoint(known.resume)
         base = config_from_dict(ckpt.config)
-        base = dataclasses.replace(base, resume=Path(known.resume))
+        base = dataclasses.replace(base, resume=Path(known.resume), branch=False)  # a branch's resume is in place
     else:
         base = default_config(known.agent or "shac", known.preset or "cpu-small")
     if est_name is not None and est_name != base.estimator.name:
@@ -359,8 +380,7 @@ def parse_train_args(args: Sequence[str], prog: str = "bcg train") -> TrainConfi
     # the subcommand token selects the estimator's fields; a bare --help shows the top level (all subcommands)
     asks_help = any(a in ("-h", "--help") for a in rest)
     token = [] if asks_help and est_name is None else [f"estimator:{est_name or base.estimator.name}"]
-    return tyro.cli(TrainConfig, default=base, args=token + rest, prog=prog,
-                    config=(tyro.conf.CascadeSubcommandArgs,))
+    return parse_command(TrainConfig, token + rest, prog=prog, default=base, config=(tyro.conf.CascadeSubcommandArgs,))
 
 
 # -------------------------------------------------------------------------------------------- config <-> JSON
@@ -513,6 +533,10 @@ def _human(n: float) -> str:
 # -------------------------------------------------------------------------------------------- the loop
 
 
+def _signal_label(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
 class Trainer:
     """Runs any :class:`~bcg.agents.base.Agent` for ``iterations`` in a run directory, logging and checkpointing.
 
@@ -521,7 +545,7 @@ class Trainer:
         run_dir: the run directory (made if missing).
         config: the resolved config as JSON-able values (written to config.json and into every checkpoint).
         iterations: total iterations (the loop runs from ``agent.iteration`` to here).
-        checkpoint_every: checkpoint period in iterations (0: only at the end and on Ctrl-C).
+        checkpoint_every: checkpoint period in iterations (0: only at the end and on Ctrl-C or SIGTERM).
         max_time_s: stop once the cumulative training wall time reaches this [s] (None: no limit).
         resume_from: a checkpoint to continue: its config must equal ``config`` except :data:`RUN_CONTROL_FIELDS`,
             its agent state must fit ``agent``; the metrics rows are restored from it.
@@ -549,7 +573,8 @@ class Trainer:
         self.header: list[str] = []
         self.rows: list[list[float]] = []
         self.resume_from = resume_from
-        self._stop = False  # set by the first Ctrl-C: finish the iteration, checkpoint, stop
+        self._stop = False  # set by the first Ctrl-C / SIGTERM: finish the iteration, checkpoint, stop
+        self._stop_signal = signal.SIGINT  # which one (the exit status is 128 + its number)
         self._in_iteration = False
         self._tb_values: dict[str, float] = {}
         self.last_checkpoint: Path | None = None
@@ -567,9 +592,11 @@ class Trainer:
     def _prepare(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.checkpoint_dir.mkdir(exist_ok=True)
+        for f in remove_stale_temporaries(self.run_dir, self.checkpoint_dir):
+            print(f"[bcg train] removed {f}, left by a write that was killed", file=sys.stderr)
         ck = self.resume_from
         if ck is not None:
-            check_compatible(ck, self.config, ignore=RUN_CONTROL_FIELDS)
+            check_compatible(ck, self.config, ignore=RUN_CONTROL_FIELDS + RECORDED_FIELDS)
             verify_state_fits(ck.agent_state, self.agent.state_dict(), ck.path)
             try:
                 self.agent.load_state_dict(ck.agent_state)
@@ -634,19 +661,23 @@ class Trainer:
         self.last_checkpoint = path
         return path
 
-    # ------------------------------------------------------------------------------------ Ctrl-C
+    # ------------------------------------------------------------------------------------ Ctrl-C, SIGTERM
 
-    def _on_sigint(self, signum: int, frame: Any) -> None:
+    def _on_stop_signal(self, signum: int, frame: Any) -> None:
+        """Ctrl-C (SIGINT) or SIGTERM: finish the iteration, checkpoint, stop; a second one (or one outside an
+        iteration) stops at once through KeyboardInterrupt (the loop still checkpoints between iterations)."""
         if self._stop or not self._in_iteration:
+            self._stop_signal = signal.Signals(signum)
             raise KeyboardInterrupt
-        self._stop = True
-        print(f"\n[bcg train] Ctrl-C: finishing iteration {self.agent.iteration + 1}, then writing a checkpoint "
-              "(Ctrl-C again to stop at once without one)", file=sys.stderr, flush=True)
+        self._stop, self._stop_signal = True, signal.Signals(signum)
+        print(f"\n[bcg train] {_signal_label(signum)}: finishing iteration {self.agent.iteration + 1}, then writing a "
+              f"checkpoint ({_signal_label(signum)} again to stop at once without one)", file=sys.stderr, flush=True)
 
     # ------------------------------------------------------------------------------------ run
 
     def run(self) -> int:
-        """Train up to ``iterations``; returns 0 when done, 130 when stopped by Ctrl-C (after checkpointing)."""
+        """Train up to ``iterations``; returns 0 when done, 130 when stopped by Ctrl-C and 143 by SIGTERM (after
+        checkpointing)."""
         from tqdm import tqdm
 
         self._prepare()
@@ -659,9 +690,10 @@ class Trainer:
             # purge_step: a resumed run discards events the interrupted one logged after its checkpoint
             writer = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"),
                                    purge_step=start + 1 if self.resume_from is not None else None)
-        old_handler = None
-        if threading.current_thread() is threading.main_thread():
-            old_handler = signal.signal(signal.SIGINT, self._on_sigint)
+        old_handlers: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():  # only the main thread may set handlers
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                old_handlers[sig] = signal.signal(sig, self._on_stop_signal)
         bar = tqdm(total=self.iterations, initial=start, desc=self.run_dir.name[:40], unit="it", dynamic_ncols=True,
                    disable=not self.progress, file=sys.stderr)
         status = 0
@@ -673,7 +705,7 @@ class Trainer:
                           "iterations", file=sys.stderr)
                     break
                 t0 = time.perf_counter()
-                # an iteration and its row are one unit: a Ctrl-C in here only sets _stop (see _on_sigint)
+                # an iteration and its row are one unit: a Ctrl-C / SIGTERM in here only sets _stop (_on_stop_signal)
                 self._in_iteration = True
                 metrics = self.agent.train_iteration()
                 wall += time.perf_counter() - t0
@@ -702,19 +734,19 @@ class Trainer:
                       f"Last checkpoint: {self.last_checkpoint or 'none'}", file=sys.stderr)
                 if writer is not None:
                     writer.close()
-                return 130
+                return 128 + int(self._stop_signal)
             self._stop = True
         finally:
             bar.close()
-            if old_handler is not None:
-                signal.signal(signal.SIGINT, old_handler)
+            for sig, handler in old_handlers.items():
+                signal.signal(sig, handler)
         path = self.write_checkpoint()
         if writer is not None:
             writer.close()
         if self._stop:
-            print(f"[bcg train] interrupted at iteration {self.agent.iteration}: checkpoint {path}\n"
-                  f"[bcg train] continue with: bcg train --resume {self.run_dir}", file=sys.stderr)
-            status = 130
+            print(f"[bcg train] stopped by {_signal_label(self._stop_signal)} at iteration {self.agent.iteration}: "
+                  f"checkpoint {path}\n[bcg train] continue with: bcg train --resume {self.run_dir}", file=sys.stderr)
+            status = 128 + int(self._stop_signal)
         elif self.export:
             from bcg.agents.export import save_policy
 
@@ -758,7 +790,7 @@ class TrainResult:
     run_dir: Path
     """The run directory."""
     status: int
-    """0: finished; 130: stopped by Ctrl-C after a checkpoint."""
+    """0: finished; 130 / 143: stopped by Ctrl-C / SIGTERM after a checkpoint."""
     agent: Any
     """The agent at the end."""
 
@@ -788,27 +820,97 @@ def policy_evaluator(cfg: TrainConfig) -> Callable[[Any], dict[str, float]]:
 
 def train(cfg: TrainConfig, *, agent_factory: Callable[[TrainConfig], Any] = build_agent) -> TrainResult:
     """Build the agent of ``cfg`` and train it in a new run directory, or, with ``cfg.resume``, continue that run
-    in its own directory."""
+    in its own directory (or, with ``cfg.branch``, in a new one).
+
+    Everything that would lose or misplace a result is refused with a :class:`~bcg.errors.UserError` before any file
+    is written (see :func:`resolve_run_dir`); so are a device this machine lacks and a motion file that changed since
+    the run recorded it."""
     import torch
 
+    from bcg.sim.device import check_device
+
+    check_device(cfg.device)
     if cfg.torch_threads is not None:
         torch.set_num_threads(cfg.torch_threads)
-    ckpt = None
-    if cfg.resume is not None:
-        ckpt = load_checkpoint(cfg.resume)
-        run_dir = run_dir_of(ckpt.path)
-    else:
-        run_dir = Path(cfg.out) / (cfg.name or run_name(cfg))
-        if run_dir.exists() and any(run_dir.iterdir()):
-            raise FileExistsError(f"run directory {run_dir} exists and is not empty; choose another --name, or "
-                                  f"continue it with --resume {run_dir}")
+    ckpt = load_checkpoint(cfg.resume) if cfg.resume is not None else None
+    run_dir = resolve_run_dir(cfg, ckpt)
+    cfg = _record_motion_hash(cfg)
+    if cfg.branch or ckpt is None:  # the new directory's own name and folder
+        cfg = dataclasses.replace(cfg, out=run_dir.parent, name=run_dir.name)
     agent = agent_factory(cfg)
+    _make_run_dir(run_dir)
     trainer = Trainer(agent, run_dir=run_dir, config=config_to_dict(cfg), iterations=cfg.iterations,
                       checkpoint_every=cfg.checkpoint_every, max_time_s=cfg.max_time_s, resume_from=ckpt,
                       progress=cfg.progress, tensorboard=cfg.tensorboard,
                       evaluator=policy_evaluator(cfg) if cfg.eval_every else None, eval_every=cfg.eval_every)
     status = trainer.run()
     return TrainResult(run_dir=run_dir, status=status, agent=agent)
+
+
+def resolve_run_dir(cfg: TrainConfig, ckpt: Checkpoint | None) -> Path:
+    """The run directory ``cfg`` trains in; raises :class:`~bcg.errors.UserError` where training there would lose or
+    misplace results. Writes nothing.
+
+    * a new run (or ``--branch``): ``OUT/NAME``, which must not exist with files in it, under an ``OUT`` that is not a
+      file (a branch's default: beside the run it comes from, ``RUN-from-iterN-TIMESTAMP``);
+    * ``--resume``: the run of the checkpoint, which must lie in a run's ``checkpoints/`` folder (else resuming would
+      write config.json, metrics.csv and policy.pt beside it) and be the run's latest (else the later checkpoints
+      and their metrics rows would be replaced); ``--name`` / ``--out`` other than the run's are refused (they do not
+      apply to a run that stays where it is)."""
+    if ckpt is None:
+        return _new_run_dir(Path(cfg.out), cfg.name or run_name(cfg))
+    home = run_dir_of(ckpt.path)
+    if cfg.branch:
+        out = Path(cfg.out) if str(cfg.out) != str(ckpt.config.get("out")) else home.parent
+        name = cfg.name if cfg.name != ckpt.config.get("name") else None
+        return _new_run_dir(out, name or f"{home.name}-from-iter{ckpt.iteration}-{_dt.datetime.now():%Y%m%d-%H%M%S}")
+    branch_hint = f"continue from iteration {ckpt.iteration} in a new run directory with --branch (and --out / --name)"
+    if ckpt.path.resolve().parent.name != "checkpoints":
+        raise UserError(f"{ckpt.path} is not in a run's checkpoints/ folder: resuming it in place would write "
+                        f"config.json, metrics.csv and policy.pt beside it in {home}; {branch_hint}")
+    later = [p.name for it, p in list_checkpoints(ckpt.path.resolve().parent) if it > ckpt.iteration]
+    if later:
+        raise UserError(f"{ckpt.path} is at iteration {ckpt.iteration} but {home} has later checkpoints "
+                        f"({', '.join(later)}): resuming there would replace their results; resume the latest "
+                        f"(--resume {home}) or {branch_hint}")
+    given = [f"--{key} {getattr(cfg, key)}" for key in ("name", "out")
+             if str(getattr(cfg, key)) != str(ckpt.config.get(key))]
+    if given:
+        raise UserError(f"{' and '.join(given)} would be ignored: a resumed run stays in {home}; {branch_hint}")
+    return home
+
+
+def _new_run_dir(out: Path, name: str) -> Path:
+    """``out / name`` for a new run, refusing an ``out`` that is a file and a run directory that has files."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {out} is a file; expected a folder in which the run directory is made")
+    run_dir = out / name
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        hint = (f"continue it with --resume {run_dir}" if list_checkpoints(run_dir / "checkpoints")
+                else "remove it")
+        raise UserError(f"run directory {run_dir} exists and is not empty; choose another --name, or {hint}")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UserError(f"{run_dir} is a file; expected a new run directory there (choose another --name)")
+    return run_dir
+
+
+def _make_run_dir(run_dir: Path) -> None:
+    try:
+        (run_dir / "checkpoints").mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create the run directory {run_dir}/: {exc.strerror or exc} (check --out)") from None
+
+
+def _record_motion_hash(cfg: TrainConfig) -> TrainConfig:
+    """``cfg`` with the sha256 of its motion file; refuses a file whose hash differs from the one ``cfg`` recorded."""
+    from bcg.motion.formats import motion_sha256, resolve_motion_path
+
+    current = motion_sha256(cfg.motion)
+    if cfg.motion_sha256 is not None and current != cfg.motion_sha256:
+        raise UserError(f"motion file {resolve_motion_path(cfg.motion)} has changed since the run recorded it "
+                        f"(sha256 {cfg.motion_sha256[:12]}..., now {current[:12]}...); restore the file, or train a "
+                        "new run on the new clip")
+    return dataclasses.replace(cfg, motion_sha256=current)
 
 
 EXPORT_FILES = {"torch": "policy.pt", "onnx": "policy.onnx", "torchscript": "policy_jit.pt"}
@@ -820,17 +922,18 @@ def export_run(run: str | Path, out: str | Path | None = None, fmt: str = "torch
     ``RUN/`` + :data:`EXPORT_FILES` ``[fmt]``); rebuilds the agent from the checkpoint's config. ``fmt``: ``"torch"``
     (the self-contained policy file of :mod:`bcg.agents.export`), ``"onnx"`` or ``"torchscript"`` (a deployment
     graph, :mod:`bcg.agents.export_graph`). ``run`` may also be a policy file (``policy.pt``), which is converted.
-    Returns the file written."""
+    Returns the file written; a wrong format, an ``out`` that is a folder or cannot be written raise
+    :class:`~bcg.errors.UserError`."""
     from bcg.agents.export import POLICY_FORMAT, ExportedPolicy, load_policy, read_torch_file, save_policy
 
     if fmt not in EXPORT_FILES:
-        raise ValueError(f"format must be one of {tuple(EXPORT_FILES)}, got {fmt!r}")
+        raise UserError(f"format must be one of {tuple(EXPORT_FILES)}, got {fmt!r}")
     src = Path(run)
     obj = read_torch_file(src, "policy file") if src.is_file() else None
     if isinstance(obj, dict) and obj.get("format") == POLICY_FORMAT:  # an exported policy: convert it
         if fmt == "torch":
-            raise ValueError(f"{src} is already a torch policy file; choose --format onnx or torchscript")
-        policy, run_dir = load_policy(src), src.parent
+            raise UserError(f"{src} is already a torch policy file; choose --format onnx or torchscript")
+        policy, run_dir, export = load_policy(src), src.parent, None
     else:
         ckpt = load_checkpoint(latest_checkpoint(run))
         cfg = config_from_dict(ckpt.config)
@@ -838,9 +941,16 @@ def export_run(run: str | Path, out: str | Path | None = None, fmt: str = "torch
         verify_state_fits(ckpt.agent_state, agent.state_dict(), ckpt.path)
         agent.load_state_dict(ckpt.agent_state)
         export, run_dir = agent.export_policy(), run_dir_of(ckpt.path)
-        if fmt == "torch":
-            return save_policy(Path(out) if out is not None else run_dir / EXPORT_FILES[fmt], export)
         policy = ExportedPolicy(export["meta"], export["tensors"])
-    from bcg.agents.export_graph import export_graph
+    dest = Path(out) if out is not None else run_dir / EXPORT_FILES[fmt]
+    if dest.is_dir():
+        raise UserError(f"--out {dest} is a folder; expected the path of the file to write, e.g. "
+                        f"{dest / EXPORT_FILES[fmt]}")
+    try:
+        if fmt == "torch":
+            return save_policy(dest, export)
+        from bcg.agents.export_graph import export_graph
 
-    return export_graph(policy, Path(out) if out is not None else run_dir / EXPORT_FILES[fmt], fmt)
+        return export_graph(policy, dest, fmt)
+    except OSError as exc:
+        raise UserError(f"cannot write {dest}: {exc.strerror or exc}") from None

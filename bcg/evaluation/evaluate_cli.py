@@ -1,9 +1,18 @@
 """``bcg evaluate``: replay an exported policy (or the reference-replay baseline) in MuJoCo and in our simulator, write
 the tracking metrics to ``<out>/metrics.json`` and ``<out>/metrics.md``, and optionally an MP4 of one MuJoCo episode
-beside its reference ghost (protocol and metrics: ``docs/evaluation.md``)."""
+beside its reference ghost (protocol and metrics: ``docs/evaluation.md``).
+
+The default ``<out>`` is named after the clip and the options (``RUN/eval/CLIP/`` with the default options,
+``RUN/eval/CLIP-HASH/`` otherwise; ``eval/reference-CLIP[-HASH]/`` for the baseline), so evaluating another clip or
+with other options never replaces earlier results; an existing ``metrics.json`` is replaced only with ``--force``."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import math
+import numbers
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,32 +20,40 @@ from typing import Annotated, Any
 
 import tyro
 
-__all__ = ["Evaluate", "REFERENCE", "load_source"]
+from bcg.errors import InputNotFoundError, UserError
+
+__all__ = ["Evaluate", "REFERENCE", "load_source", "policy_motion"]
 
 REFERENCE = "reference"
 """The source name of the reference-replay baseline (:class:`~bcg.evaluation.mujoco_transfer.ReferenceReplayPolicy`)."""
 
 
 def load_source(source: str, motion: str | None) -> tuple[Any, str, dict[str, Any], Path, str]:
-    """``(policy, motion, env_kwargs, default_out_dir, label)`` of a run directory (its ``policy.pt``), a policy file
+    """``(policy, motion, env_kwargs, eval_dir, label)`` of a run directory (its ``policy.pt``), a policy file
     (torch, ONNX or TorchScript: :mod:`bcg.agents.graph_policy`) or :data:`REFERENCE` (which needs ``motion``). A
-    policy file's clip, contact stiffness and action scale are used unless ``motion`` overrides the clip."""
+    policy file's clip (:func:`policy_motion`), contact stiffness and action scale are used unless ``motion``
+    overrides the clip. ``eval_dir`` is ``RUN/eval`` (``eval`` for the baseline). A missing source or clip raises
+    :class:`~bcg.errors.InputNotFoundError`."""
+    from bcg.motion.formats import resolve_motion_path
+
+    if motion is not None:
+        resolve_motion_path(motion)  # a wrong name or path is refused before anything is replayed
     if source == REFERENCE:
         from bcg.evaluation.mujoco_transfer import ReferenceReplayPolicy
 
         if motion is None:
-            raise ValueError("the reference-replay baseline needs --motion (a packaged clip name or a motion file)")
-        return ReferenceReplayPolicy(), motion, {}, Path("eval") / f"reference-{Path(motion).stem}", REFERENCE
+            raise UserError("the reference-replay baseline needs --motion (a packaged clip name or a motion file)")
+        return ReferenceReplayPolicy(), motion, {}, Path("eval"), REFERENCE
     p = Path(source)
     if p.is_dir():
         run_dir, file = p, p / "policy.pt"
         if not file.is_file():
-            raise FileNotFoundError(f"{p} is a directory without policy.pt (a run directory holds the exported "
-                                    "policy; `bcg export RUN` writes it)")
+            raise InputNotFoundError(f"{p} is a directory without policy.pt (a run directory holds the exported "
+                                     "policy; `bcg export RUN` writes it)")
     elif p.is_file():
         run_dir, file = p.parent, p
     else:
-        raise FileNotFoundError(f"{source!r} is neither a run directory, a policy file nor {REFERENCE!r}")
+        raise InputNotFoundError(f"{source!r} is neither a run directory, a policy file nor {REFERENCE!r}")
     from bcg.agents.export import load_policy
     from bcg.agents.graph_policy import is_graph_file, load_graph_policy
     from bcg.robots.g1 import MJCF_PATH
@@ -45,12 +62,7 @@ def load_source(source: str, motion: str | None) -> tuple[Any, str, dict[str, An
     policy = load_graph_policy(file) if is_graph_file(file) else load_policy(file)
     policy.check_mjcf(MJCF_PATH)
     if motion is None:
-        from bcg.motion import PACKAGED_MOTIONS
-
-        meta = policy.motion
-        name, src = str(meta.get("name")), str(meta.get("source", ""))
-        # a packaged clip by its name (portable across checkouts), any other clip by the file it was loaded from
-        motion = name if name in PACKAGED_MOTIONS or not (src and Path(src).is_file()) else src
+        motion = policy_motion(policy.motion)
     env_kwargs: dict[str, Any] = {"action_scale": policy.action_scale.detach().cpu().double().numpy(),
                                   "action_offset": policy.action_offset}
     # the dynamics options the policy was trained with (None: the env's default): contact stiffness for our
@@ -60,6 +72,29 @@ def load_source(source: str, motion: str | None) -> tuple[Any, str, dict[str, An
         if value is not None:
             env_kwargs[key] = cast(value)
     return policy, motion, env_kwargs, run_dir / "eval", str(file)
+
+
+def policy_motion(meta: dict[str, Any]) -> str:
+    """The clip a policy was trained on, from its metadata ``motion`` entry: a packaged clip by its name (portable
+    across checkouts), any other clip by the file it was loaded from. Raises :class:`~bcg.errors.UserError` when
+    that file is gone, or when it (or the packaged clip) no longer has the sha256 recorded at export."""
+    from bcg.motion import PACKAGED_MOTIONS
+    from bcg.motion.formats import motion_sha256, resolve_motion_path
+
+    name, src = str(meta.get("name")), str(meta.get("source", ""))
+    if name in PACKAGED_MOTIONS:
+        motion = name
+    elif src and Path(src).is_file():
+        motion = src
+    else:
+        raise InputNotFoundError(f"the policy's clip {src or name!r} no longer exists; pass --motion (a packaged clip "
+                                 "or a motion file) to choose the clip to track")
+    recorded = meta.get("sha256")
+    if recorded and motion_sha256(motion) != recorded:
+        raise UserError(f"the policy's clip {resolve_motion_path(motion)} has changed since the policy was trained "
+                        f"(sha256 {str(recorded)[:12]}..., now {motion_sha256(motion)[:12]}...); pass --motion to "
+                        "evaluate on it anyway")
+    return motion
 
 
 @dataclass(frozen=True)
@@ -87,25 +122,50 @@ class Evaluate:
     kappa: float | None = None
     """Contact stiffness of our simulator's replay [1/m] (default: the policy's, else the env's)."""
     out_dir: Path | None = None
-    """Where metrics.json and metrics.md go (default: RUN/eval; eval/reference-CLIP for the baseline)."""
+    """Where metrics.json and metrics.md go (default: RUN/eval/CLIP, or RUN/eval/CLIP-HASH with options other than
+    the defaults; eval/reference-CLIP[-HASH] for the baseline)."""
+    force: bool = False
+    """Replace the metrics.json and metrics.md of an earlier evaluation in the output folder (else refused)."""
     progress: bool = True
     """Show progress bars."""
 
-    def run(self) -> int:
-        from bcg.evaluation.mujoco_transfer import TransferOptions, evaluate_transfer, render_video
+    def __post_init__(self) -> None:
+        self.options()  # phases, seeds, seconds, joint_noise: TransferOptions' own checks
+        if self.kappa is not None and not (isinstance(self.kappa, numbers.Real) and math.isfinite(self.kappa)
+                                           and self.kappa > 0):
+            raise ValueError(f"kappa must be a finite number > 0 [1/m] or None, got {self.kappa!r}")
+        if isinstance(self.video_episode, bool) or self.video_episode < 0:
+            raise ValueError(f"video_episode must be an integer >= 0, got {self.video_episode!r}")
+        if len(self.video_size) != 2 or min(self.video_size) < 1:
+            raise ValueError(f"video_size must be two integers >= 1 (width height), got {self.video_size!r}")
 
-        try:
-            policy, motion, env_kwargs, default_out, label = load_source(self.source, self.motion)
-            opts = TransferOptions(phases=self.phases, seeds=tuple(self.seeds), seconds=self.seconds,
-                                   joint_noise=self.joint_noise)
-        except (FileNotFoundError, ValueError) as exc:  # no such run / file, not a policy file, bad options
-            print(f"bcg evaluate: error: {exc}", file=sys.stderr)
-            return 2
+    def options(self) -> Any:
+        """The :class:`~bcg.evaluation.mujoco_transfer.TransferOptions` of the command."""
+        from bcg.evaluation.mujoco_transfer import TransferOptions
+
+        return TransferOptions(phases=self.phases, seeds=tuple(self.seeds), seconds=self.seconds,
+                               joint_noise=self.joint_noise)
+
+    def default_out_dir(self, eval_dir: Path, motion: str) -> Path:
+        """``eval_dir/CLIP`` with the default options, ``eval_dir/CLIP-HASH`` (8 hex digits of the options and the
+        clip) otherwise; ``reference-`` before CLIP for the baseline."""
+        chosen = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in _RESULT_OPTIONS}
+        name = ("reference-" if self.source == REFERENCE else "") + Path(motion).stem
+        if any(chosen[f.name] != f.default for f in dataclasses.fields(self) if f.name in _RESULT_OPTIONS):
+            digest = hashlib.sha256(json.dumps({**chosen, "motion": motion}, sort_keys=True).encode()).hexdigest()
+            name += f"-{digest[:8]}"
+        return eval_dir / name
+
+    def run(self) -> int:
+        from bcg.evaluation.mujoco_transfer import evaluate_transfer, render_video
+
+        policy, motion, env_kwargs, eval_dir, label = load_source(self.source, self.motion)
+        out = self.out_dir or self.default_out_dir(eval_dir, motion)
+        _check_out_dir(out, self.force)
         if self.kappa is not None:
             env_kwargs["kappa"] = float(self.kappa)
-        report, rollout = evaluate_transfer(policy, motion, opts, label=label, progress=self.progress,
+        report, rollout = evaluate_transfer(policy, motion, self.options(), label=label, progress=self.progress,
                                             env_kwargs=env_kwargs)
-        out = self.out_dir or default_out
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.json").write_text(report.to_json() + "\n")
         (out / "metrics.md").write_text(report.to_markdown())
@@ -122,3 +182,20 @@ class Evaluate:
                 return 3
             print(f"wrote {path}")
         return 0
+
+
+_RESULT_OPTIONS = ("phases", "seeds", "seconds", "joint_noise", "kappa")
+"""Evaluate's options that change the numbers (and so name the default output folder)."""
+
+
+def _check_out_dir(out: Path, force: bool) -> None:
+    """Refuse an output folder that is a file, cannot be made, or holds an earlier evaluation (unless ``force``)."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out-dir {out} is a file; expected a folder for metrics.json and metrics.md")
+    if not force and (out / "metrics.json").exists():
+        raise UserError(f"{out / 'metrics.json'} exists (an earlier evaluation with this clip and these options); "
+                        "pass --force to replace it, or --out-dir another folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"cannot create the output folder {out}: {exc.strerror or exc}") from None

@@ -28,6 +28,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from bcg.errors import InputNotFoundError, UserError
+from bcg.files import file_sha256
 from bcg.motion.rotations import hemisphere_continuous_np, normalized_np
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "QUAT_NORM_TOL",
     "csv_rate",
     "joint_ranges",
+    "motion_sha256",
     "packaged_motion_path",
     "read_motion_file",
     "resolve_motion_path",
@@ -64,10 +67,11 @@ BCG_FORMAT = "bcg-motion-v1"
 _MOTIONS_DIR = Path(__file__).resolve().parents[1] / "robots" / "g1" / "motions"
 _LAFAN1_NAME = re.compile(r"^[a-z]+\d*_subject\d+$")
 _G1MOVES_NAME = re.compile(r"^[BJM]_[A-Za-z0-9_]+$")
-_FPS_DECL = re.compile(r"\bfps\s*[:=]\s*([0-9]+(?:\.[0-9]*)?)", re.IGNORECASE)
+_FPS_DECL = re.compile(r"\bfps\s*[:=]\s*(\S+)", re.IGNORECASE)  # any token: a bad value is refused, not ignored
+_ZIP_MAGIC = b"PK\x03\x04"
 
 
-class MotionFormatError(ValueError):
+class MotionFormatError(UserError):
     """A motion file or array is malformed or ambiguous; the message names the file and the line or array."""
 
 
@@ -83,10 +87,18 @@ def resolve_motion_path(source: str | Path) -> Path:
     if isinstance(source, str) and source in PACKAGED_MOTIONS:
         return packaged_motion_path(source)
     path = Path(source)
+    if path.is_dir():
+        raise InputNotFoundError(f"motion {str(source)!r} is a folder; expected a packaged clip "
+                                 f"({', '.join(PACKAGED_MOTIONS)}) or a .npz / .csv motion file")
     if not path.is_file():
-        raise FileNotFoundError(f"motion {str(source)!r} is neither a packaged clip ({', '.join(PACKAGED_MOTIONS)}) "
-                                f"nor an existing file")
+        raise InputNotFoundError(f"motion {str(source)!r} is neither a packaged clip ({', '.join(PACKAGED_MOTIONS)}) "
+                                 f"nor an existing file")
     return path
+
+
+def motion_sha256(source: str | Path) -> str:
+    """sha256 of the file of a packaged clip name or a path (what a run records to notice a changed clip)."""
+    return file_sha256(resolve_motion_path(source))
 
 
 def joint_ranges() -> np.ndarray:
@@ -118,14 +130,22 @@ def _csv_lines(path: Path) -> list[str]:
 
 
 def csv_rate(path: Path, lines: list[str] | None = None) -> float | None:
-    """Frame rate [Hz] a CSV declares (``# fps: N`` / header ``fps=N``) or its name implies; None if neither."""
+    """Frame rate [Hz] a CSV declares (``# fps: N`` / header ``fps=N``) or its name implies; None if neither.
+    A declared rate that is not a finite number > 0 raises :class:`MotionFormatError` naming the line."""
     lines = _csv_lines(path) if lines is None else lines
-    for line in lines[:2]:
+    for lineno, line in enumerate(lines[:2], start=1):
         text = line.strip()
         if text and not _is_numeric_row(text):
             m = _FPS_DECL.search(text)
             if m:
-                return float(m.group(1))
+                token = m.group(1).rstrip(",;")
+                try:
+                    rate = float(token)
+                except ValueError:
+                    rate = math.nan
+                if not (math.isfinite(rate) and rate > 0):
+                    raise MotionFormatError(f"{path}:{lineno}: declares fps {token!r}; expected a frame rate > 0 [Hz]")
+                return rate
     if _LAFAN1_NAME.match(path.stem):
         return FORMAT_FPS["lafan1"]
     if _G1MOVES_NAME.match(path.stem):
@@ -190,6 +210,13 @@ def _read_npz(path: Path) -> tuple[np.ndarray, float | None, str | None, bool]:
     """(qpos [F, 36], fps or None, name or None, is_bcg_layout) of an NPZ file (bcg or BeyondMimic layout)."""
     if path.stat().st_size == 0:
         raise MotionFormatError(f"{path}: the file is empty (expected an NPZ archive)")
+    with open(path, "rb") as f:
+        head = f.read(len(_ZIP_MAGIC))
+    if head.startswith(b"\x93NUM"):
+        raise MotionFormatError(f"{path}: holds a single .npy array, expected an NPZ archive of named arrays")
+    if head != _ZIP_MAGIC:  # np.load would take any other bytes for a pickle and say so
+        raise MotionFormatError(f"{path}: not an NPZ archive (it does not start with the zip signature "
+                                f"{_ZIP_MAGIC!r}; got {head!r})")
     try:
         data = np.load(path, allow_pickle=False)
     except (EOFError, OSError, ValueError, zipfile.BadZipFile) as exc:
@@ -258,9 +285,9 @@ def read_motion_file(
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"motion file not found: {path}")
+        raise InputNotFoundError(f"motion file not found: {path} (expected a .npz / .csv file)")
     if format not in ("auto", "lafan1", "g1moves", "npz"):
-        raise ValueError(f"unknown motion format {format!r}; expected 'auto', 'lafan1', 'g1moves' or 'npz'")
+        raise UserError(f"unknown motion format {format!r}; expected 'auto', 'lafan1', 'g1moves' or 'npz'")
     is_csv = path.suffix.lower() == ".csv"
     if format == "auto":
         if path.suffix.lower() not in (".csv", ".npz"):
@@ -291,7 +318,7 @@ def read_motion_file(
             rate = None  # refused below, once the content itself has been checked
         name, quat_key = None, "qpos"
     if rate is not None and not (rate > 0 and math.isfinite(rate)):
-        raise ValueError(f"frame rate must be a finite value > 0 [Hz], got {rate!r}")
+        raise UserError(f"frame rate must be a finite value > 0 [Hz], got {rate!r}")
 
     norms = np.linalg.norm(qpos[:, 3:7], axis=-1)
     bad = np.abs(norms - 1.0) > QUAT_NORM_TOL
