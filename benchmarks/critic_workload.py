@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import math
 import statistics
 import time
@@ -31,11 +32,17 @@ from bcg.agents.shac import td_lambda_targets
 WORKLOADS: dict[str, dict] = {
     "16 passes x 4 (paper)": dict(passes=16, minibatches=4),
     "8 x 2": dict(passes=8, minibatches=2),
+    "8 x 2, lr x2": dict(passes=8, minibatches=2, lr_scale=2.0),
     "4 x 2": dict(passes=4, minibatches=2),
+    "4 x 2, lr x2": dict(passes=4, minibatches=2, lr_scale=2.0),
+    "4 x 2, lr x4": dict(passes=4, minibatches=2, lr_scale=4.0),
     "4 x 1": dict(passes=4, minibatches=1),
     "2 x 1": dict(passes=2, minibatches=1),
+    "16 x 4, 2 critics": dict(passes=16, minibatches=4, critics=2),
+    "16 x 4, 1 critic": dict(passes=16, minibatches=4, critics=1),
 }
-"""Label -> passes and minibatches per window (the preset's widths, critics, learning rate and clip otherwise)."""
+"""Label -> passes and minibatches per window, optionally a factor on the critic learning rate and another number of
+critics (the preset's widths, learning rate and clip otherwise)."""
 
 
 def record(preset: str, motion: str, iterations: int, seed: int) -> tuple[list, object]:
@@ -61,11 +68,15 @@ def record(preset: str, motion: str, iterations: int, seed: int) -> tuple[list, 
     return windows, agent.config
 
 
-def replay(windows: list, cfg, passes: int, minibatches: int, seed: int) -> dict[str, float]:
-    """Fit a fresh critic ensemble on ``windows`` in order with ``passes`` x ``minibatches`` per window."""
+def replay(windows: list, cfg, passes: int, minibatches: int, seed: int, lr_scale: float = 1.0,
+           critics: int | None = None) -> dict[str, float]:
+    """Fit a fresh critic ensemble on ``windows`` in order with ``passes`` x ``minibatches`` per window (critic
+    learning rates times ``lr_scale``; ``critics`` members, default the preset's)."""
     torch.manual_seed(seed)
     d = windows[0][0].shape[-1]
-    critics = CriticEnsemble(d, cfg.critic_hidden, cfg.num_critics, cfg.activation, cfg.layer_norm)
+    k = cfg.num_critics if critics is None else critics
+    cfg = dataclasses.replace(cfg, critic_lr=cfg.critic_lr * lr_scale, final_lr=cfg.final_lr * lr_scale)
+    critics = CriticEnsemble(d, cfg.critic_hidden, k, cfg.activation, cfg.layer_norm)
     target = copy.deepcopy(critics).requires_grad_(False)
     opt = torch.optim.Adam(critics.parameters(), lr=cfg.critic_lr, betas=cfg.betas, fused=True)
     new_losses, last_losses, seconds = [], [], []
@@ -91,7 +102,7 @@ def replay(windows: list, cfg, passes: int, minibatches: int, seed: int) -> dict
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(params, cfg.critic_grad_norm)
                 opt.step()
-                total += float(loss.detach()) / cfg.num_critics
+                total += float(loss.detach()) / k
             if it == 0:
                 new_losses.append(total / minibatches)
             if it == passes - 1:
@@ -113,9 +124,23 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--seeds", type=int, default=2, help="critic initialisations per workload")
     ap.add_argument("--plot", default=None, help="write the first-pass loss curves to this PNG")
+    ap.add_argument("--windows-file", default=None,
+                    help="keep the recorded windows in this file (recorded once, then read from it)")
+    ap.add_argument("--only", nargs="*", default=None, help="the workload labels to run (default: all)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    windows, cfg = record(args.preset, args.motion, args.record_iterations, args.seed)
+    from pathlib import Path
+
+    if args.windows_file and Path(args.windows_file).is_file():
+        from bcg.agents.shac import SHACConfig
+
+        saved = torch.load(args.windows_file, weights_only=True)
+        windows = [tuple(w) for w in saved["windows"]]
+        cfg = SHACConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in saved["config"].items()})
+    else:
+        windows, cfg = record(args.preset, args.motion, args.record_iterations, args.seed)
+        if args.windows_file:
+            torch.save({"windows": windows, "config": dataclasses.asdict(cfg)}, args.windows_file)
     n, e = windows[0][1].shape
     print(f"{len(windows)} windows of {e} envs x {n} steps ({args.preset}, {args.motion}); critics "
           f"{cfg.num_critics} x {list(cfg.critic_hidden)}, lr {cfg.critic_lr}, alpha {cfg.target_critic_alpha}; "
@@ -124,7 +149,10 @@ def main() -> None:
     print("|---|---|---|---|---|")
     curves = {}
     for label, w in WORKLOADS.items():
-        runs = [replay(windows, cfg, w["passes"], w["minibatches"], seed) for seed in range(args.seeds)]
+        if args.only and label not in args.only:
+            continue
+        runs = [replay(windows, cfg, w["passes"], w["minibatches"], seed, w.get("lr_scale", 1.0), w.get("critics"))
+                for seed in range(args.seeds)]
         curves[label] = runs[0]["curve"]
         new = [r["new_loss"] for r in runs]
         print(f"| {label} | {w['passes'] * w['minibatches']} | {statistics.mean(new):.4f} "

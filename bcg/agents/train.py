@@ -944,7 +944,8 @@ def export_run(run: str | Path, out: str | Path | None = None, fmt: str = "torch
         policy = ExportedPolicy(export["meta"], export["tensors"])
     dest = Path(out) if out is not None else run_dir / EXPORT_FILES[fmt]
     if dest.is_dir():
-        raise UserError(f"--out {dest} is a folder; expected the path of the file to write, e.g. "
+        what = "policy file" if fmt == "torch" else f"{fmt} file"
+        raise UserError(f"--out {dest} is a folder; expected the path of the {what} to write, e.g. "
                         f"{dest / EXPORT_FILES[fmt]}")
     try:
         if fmt == "torch":
