@@ -10,6 +10,11 @@ Shape of the environment (see ``docs/envs.md``):
   terminated, truncated, contact)`` does one control step of any batch of rows (e.g. a state repeated into B
   branches) with no hidden randomness and no side effect. :meth:`~G1TrackingVectorEnv.step` wraps it with the
   instability guard, autoreset, observation noise and the info dict.
+* **Optional layers**, each its own component and off by default (``docs/start_states_and_replay.md``): start frames
+  drawn where episodes fail (:class:`~bcg.envs.start_sampling.AdaptiveStartSampler`, used by the resets), replay of
+  rows that drifted from the reference (:class:`~bcg.envs.demo_replay.DemonstrationReplay`, after the transition in
+  :meth:`~G1TrackingVectorEnv.step`), and deviation rules added to ``terminated``
+  (:class:`~bcg.envs.termination.DeviationTermination`, inside the transition).
 * **Transition function.** The physics inside the transition goes through ``env.transition_fn``
   (:class:`~bcg.envs.transition.TransitionFn`: :func:`bcg.sim.step`'s signature plus ``env_ids`` and ``state``),
   by default :func:`bcg.sim.step`; gradient estimators replace it.
@@ -621,6 +626,7 @@ class G1TrackingVectorEnv(VectorEnv):
         state's keys. Autograd follows torch's grad mode (this method does not switch it). A row whose state is
         unstable (non-finite, |q| > state_limit, |qd| > MAX_SPEED) before or after the physics is not passed on:
         it ends terminated with reward 0, its gradient is blocked, and its next state is its reference pose at rest.
+        ``terminated`` includes the deviation rules when they are on (``env.deviation``).
         """
         nxt, reward, terminated, truncated, contact, *_ = self._transition(state, actions)
         return nxt, reward, terminated, truncated, contact
