@@ -483,6 +483,7 @@ class PPOAgent:
                 "state": _env_state_dict(self.env.state),
                 "nonfinite_count": int(self.env.nonfinite_count),
                 "reset_generator": self.env._gen.get_state(),
+                "layers": self.env.layers_state_dict(),
                 "episode_returns": torch.as_tensor(self.sb3_env._episode_returns.copy()),
                 "episode_lengths": torch.as_tensor(self.sb3_env._episode_lengths.copy()),
             },
@@ -526,6 +527,7 @@ class PPOAgent:
         self.env.load_state(_env_state_from_dict(e["state"], self.env.device))
         self.env.nonfinite_count = int(e["nonfinite_count"])
         self.env._gen.set_state(e["reset_generator"])
+        self.env.load_layers_state_dict(e.get("layers", {}))  # states saved before the layers existed have none
         self.sb3_env._episode_returns = e["episode_returns"].numpy().copy()
         self.sb3_env._episode_lengths = e["episode_lengths"].numpy().copy()
         if self.add is not None:

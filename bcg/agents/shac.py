@@ -222,7 +222,8 @@ class Window:
     dones: torch.Tensor
     """[N, E] bool: episode ended at step t (terminated or truncated)."""
     stats: dict[str, float]
-    """Rollout scalars (raw reward, tracking error, episodes, trigger rate, samples, unstable resets)."""
+    """Rollout scalars (raw reward, tracking error, episodes, trigger rate, samples, unstable resets; with
+    demonstration replay, replay_rate: the share of steps whose state was put back on the reference)."""
     next_obs: torch.Tensor | None = None
     """[N, E, D] the normalised observations ``next_values`` were computed from (the pre-reset ones where an episode
     ended; detached), so that other critics can bootstrap the same window (benchmarks/critic_workload.py)."""
@@ -409,6 +410,7 @@ class SHAC:
             self._ep_return = torch.where(dones[t], torch.zeros_like(self._ep_return), self._ep_return)
             self._ep_length = torch.where(dones[t], torch.zeros_like(self._ep_length), self._ep_length)
         episodes = int(dones.sum())
+        extra = {"replay_rate": float(torch.stack(steps.replayed).float().mean())} if steps.replayed else {}
         return {
             "reward": float(raw.mean()),
             "tracking_error_cm": 100.0 * float(tracking.mean()),
@@ -418,6 +420,7 @@ class SHAC:
             "trigger_rate": steps.triggered / steps.envs if steps.envs else 0.0,
             "branches": float(steps.branches),
             "unstable": float(steps.unstable),
+            **extra,
         }
 
     # ================================================================================================ 3. losses
@@ -559,8 +562,8 @@ class SHAC:
     def state_dict(self) -> dict[str, Any]:
         """Everything needed to continue exactly (tensors and plain values only; ``torch.load(...,
         weights_only=True)`` reads it): networks, target critics, optimisers, the schedule position (iteration),
-        normalisers, the environment's state and generator, the estimator's state, the ADD reward's state, the
-        agent's and torch's RNG states, counters."""
+        normalisers, the environment's state, generator and layer state (adaptive start scores), the estimator's
+        state, the ADD reward's state, the agent's and torch's RNG states, counters."""
         from bcg.sim.physics import Physics
 
         s = self.env.state
@@ -570,7 +573,7 @@ class SHAC:
             env_state[f.name] = (None if v is None else [t.detach().clone() for t in v] if isinstance(v, Physics)
                                  else v.detach().clone())
         est_sd = self.estimator.state_dict() if hasattr(self.estimator, "state_dict") else None
-        return {
+        out: dict[str, Any] = {
             "format": STATE_FORMAT,
             "config": dataclasses.asdict(self.config),
             "obs_dim": self.obs_dim,
@@ -600,6 +603,12 @@ class SHAC:
             "noise_generator": self.noise_gen.get_state(),
             "torch_rng": torch.get_rng_state(),
         }
+        # the env's layers beyond its state (adaptive start scores): an entry only when one is on, so that states
+        # saved without layers keep their entries (a resume compares them)
+        layers = self.env.layers_state_dict()
+        if layers:
+            out["env_layers"] = layers
+        return out
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s output into this agent (built with the same config and environment);
@@ -645,6 +654,7 @@ class SHAC:
         self.env.load_state(EnvState(**fields))
         self.env._gen.set_state(state["env_generator"])
         self.env.nonfinite_count = int(state["env_nonfinite_count"])
+        self.env.load_layers_state_dict(state.get("env_layers", {}))
         if state["estimator"] is not None:
             if not hasattr(self.estimator, "load_state_dict"):
                 raise ValueError(f"the state holds estimator state but {type(self.estimator).__name__} cannot load it")
@@ -684,6 +694,7 @@ class _WindowSteps:
         self.terminated: list[torch.Tensor] = []
         self.truncated: list[torch.Tensor] = []
         self.tracking_error: list[torch.Tensor] = []
+        self.replayed: list[torch.Tensor] = []  # [E] bool per step, with demonstration replay on
         self.envs = self.triggered = self.branches = self.unstable = 0
 
     def record(self, obs: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor, truncated: torch.Tensor,
@@ -696,6 +707,8 @@ class _WindowSteps:
         self.terminated.append(terminated)
         self.truncated.append(truncated)
         self.tracking_error.append(info["tracking_error"])
+        if "replayed" in info:
+            self.replayed.append(info["replayed"])
         est = info.get("estimator")
         self.envs += int(est["envs"]) if est else n
         self.triggered += int(est["envs_triggered"]) if est else 0

@@ -185,6 +185,25 @@ class TrainConfig:
     action_scale: float | None = None
     """PD-target change per unit of tanh(a) [rad] for every joint; None: the preset's (cpu-small: 0.5, paper: the
     env's per-joint default, which reaches the farther joint limit at |a| = 0.9)."""
+    termination_anchor_height: float | None = None
+    """End an episode when the pelvis height error exceeds this [m] (BeyondMimic: 0.25; None: off)."""
+    termination_gravity_z: float | None = None
+    """End an episode when the projected gravity's z component differs from the reference's by more than this
+    (BeyondMimic: 0.8; None: off)."""
+    termination_end_effector_height: float | None = None
+    """End an episode when an ankle or wrist height error exceeds this [m] (BeyondMimic: 0.25; None: off)."""
+    adaptive_start: bool = False
+    """Start episodes where they fail: per-bin failure averages with a uniform floor (docs/start_states_and_replay.md);
+    False: uniform start frames."""
+    adaptive_start_bin_s: float = 1.0
+    """Bin length of the adaptive start sampling [s]."""
+    adaptive_start_alpha: float = 0.001
+    """Weight of the newest step in the per-bin failure average, in (0, 1]."""
+    adaptive_start_floor: float = 0.1
+    """Share of uniformly drawn start frames with adaptive start sampling, in [0, 1]."""
+    replay_threshold: float | None = None
+    """Demonstration replay: put rows whose tracking error exceeds this [m] back on the reference, cutting their
+    gradient there (DiffMimic: 0.2 run, 0.4 jump / dance; None: off)."""
     torch_threads: int | None = 1
     """torch.set_num_threads for the run (None: torch's default). 1 is the fastest during the rollout, where the
     simulator's own threads use the cores."""
@@ -251,14 +270,15 @@ class TrainConfig:
 
     def env_config(self) -> EnvConfig:
         """The :class:`~bcg.envs.EnvConfig` of the run (differentiable for SHAC)."""
-        from bcg.envs.config import EnvConfig
+        from bcg.envs.config import LAYER_FIELDS, EnvConfig
 
         preset = ENV_PRESETS[self.preset]
         offset = preset["action_offset"] if self.action_offset is None else self.action_offset
         scale = preset["action_scale"] if self.action_scale is None else self.action_scale
         return EnvConfig(motion_file=self.motion, kappa=self.kappa, device=self.device,
                          differentiable=self.agent == "shac", domain_randomization=bool(self.domain_randomization),
-                         max_episode_steps=self.max_episode_steps, action_offset=offset, action_scale=scale)
+                         max_episode_steps=self.max_episode_steps, action_offset=offset, action_scale=scale,
+                         **{name: getattr(self, name) for name in LAYER_FIELDS})
 
     @property
     def agent_config(self) -> Any:

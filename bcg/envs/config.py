@@ -16,7 +16,13 @@ from typing import Any, Literal
 
 from bcg.envs.randomization import DomainRandomization
 
-__all__ = ["EnvConfig", "ObservationNoise", "check_count"]
+__all__ = ["LAYER_FIELDS", "EnvConfig", "ObservationNoise", "check_count"]
+
+LAYER_FIELDS: tuple[str, ...] = (
+    "termination_anchor_height", "termination_gravity_z", "termination_end_effector_height", "adaptive_start",
+    "adaptive_start_bin_s", "adaptive_start_alpha", "adaptive_start_floor", "replay_threshold")
+"""The EnvConfig fields of the optional training layers (deviation termination, adaptive start sampling,
+demonstration replay), all off by default; ``bcg train`` has an option of the same name for each."""
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,11 @@ def check_count(name: str, value: Any, minimum: int = 1) -> int:
     if int(value) < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {int(value)}")
     return int(value)
+
+
+def _real(v: Any) -> bool:
+    """Whether ``v`` is a finite real number (bools are not)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,28 @@ class EnvConfig:
     """A pelvis below this height [m] ends the episode (fall)."""
     termination_distance: float = 1.0
     """A key body farther than this from its reference [m] ends the episode."""
+    termination_anchor_height: float | None = None
+    """Deviation rule: a pelvis height error above this [m] ends the episode (BeyondMimic: 0.25; None: off;
+    bcg.envs.termination)."""
+    termination_gravity_z: float | None = None
+    """Deviation rule: a difference of the projected gravity's z component (pelvis frame) from the reference's above
+    this ends the episode (BeyondMimic: 0.8; None: off)."""
+    termination_end_effector_height: float | None = None
+    """Deviation rule: an ankle or wrist height error above this [m] ends the episode (BeyondMimic: 0.25; None:
+    off)."""
+    adaptive_start: bool = False
+    """Draw start frames in proportion to recent failures per bin of the clip, with a uniform floor
+    (bcg.envs.start_sampling); False: uniform over the clip."""
+    adaptive_start_bin_s: float = 1.0
+    """Bin length of the adaptive start sampling [s]."""
+    adaptive_start_alpha: float = 0.001
+    """Weight of the newest control step in the per-bin exponential average of failures, in (0, 1]."""
+    adaptive_start_floor: float = 0.1
+    """Share of the start frames drawn uniformly over the clip when adaptive start sampling is on, in [0, 1]."""
+    replay_threshold: float | None = None
+    """Demonstration replay: after a step, rows whose tracking error exceeds this [m] are put back on the reference
+    state of their frame, which also cuts their gradient to earlier steps (DiffMimic: 0.2 run, 0.4 jump / dance;
+    None: off; bcg.envs.demo_replay)."""
     ref_steps: int = 3
     """Number of future reference frames in the observation."""
     state_limit: float = 1e4
@@ -122,6 +155,19 @@ class EnvConfig:
             v = getattr(self, name)
             if not (isinstance(v, numbers.Real) and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number, got {v!r}")
+        for name in ("termination_anchor_height", "termination_gravity_z", "termination_end_effector_height",
+                     "replay_threshold"):
+            v = getattr(self, name)
+            if v is not None and not (_real(v) and v > 0):
+                raise ValueError(f"{name} must be a finite number > 0 or None, got {v!r}")
+        if not (_real(self.adaptive_start_bin_s) and self.adaptive_start_bin_s > 0):
+            raise ValueError(f"adaptive_start_bin_s must be a finite number > 0 [s], got {self.adaptive_start_bin_s!r}")
+        if not (_real(self.adaptive_start_alpha) and 0 < self.adaptive_start_alpha <= 1):
+            raise ValueError(f"adaptive_start_alpha must be a number in (0, 1], got {self.adaptive_start_alpha!r}")
+        if not (_real(self.adaptive_start_floor) and 0 <= self.adaptive_start_floor <= 1):
+            raise ValueError(f"adaptive_start_floor must be a number in [0, 1], got {self.adaptive_start_floor!r}")
+        if not isinstance(self.adaptive_start, bool):
+            raise TypeError(f"adaptive_start must be a bool, got {self.adaptive_start!r}")
         if self.state_limit <= 0 or self.termination_distance <= 0:
             raise ValueError("state_limit and termination_distance must be > 0, got "
                              f"{self.state_limit!r} and {self.termination_distance!r}")

@@ -10,6 +10,11 @@ Shape of the environment (see ``docs/envs.md``):
   terminated, truncated, contact)`` does one control step of any batch of rows (e.g. a state repeated into B
   branches) with no hidden randomness and no side effect. :meth:`~G1TrackingVectorEnv.step` wraps it with the
   instability guard, autoreset, observation noise and the info dict.
+* **Optional layers**, each its own component and off by default (``docs/start_states_and_replay.md``): start frames
+  drawn where episodes fail (:class:`~bcg.envs.start_sampling.AdaptiveStartSampler`, used by the resets), replay of
+  rows that drifted from the reference (:class:`~bcg.envs.demo_replay.DemonstrationReplay`, after the transition in
+  :meth:`~G1TrackingVectorEnv.step`), and deviation rules added to ``terminated``
+  (:class:`~bcg.envs.termination.DeviationTermination`, inside the transition).
 * **Transition function.** The physics inside the transition goes through ``env.transition_fn``
   (:class:`~bcg.envs.transition.TransitionFn`: :func:`bcg.sim.step`'s signature plus ``env_ids`` and ``state``),
   by default :func:`bcg.sim.step`; gradient estimators replace it.
@@ -30,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +49,14 @@ import bcg.sim
 import bcg.sim.bridge
 from bcg.envs.actions import ActionMap, default_action_scale
 from bcg.envs.config import EnvConfig, check_count
+from bcg.envs.demo_replay import DemonstrationReplay
 from bcg.envs.grad_mask import RowGradMask
 from bcg.envs.observations import ReferenceTable, observation, observation_layout
 from bcg.envs.randomization import sample_physics, uniform
 from bcg.envs.rewards import StepContext, TrackingReward
+from bcg.envs.start_sampling import AdaptiveStartSampler
 from bcg.envs.state import EnvState
+from bcg.envs.termination import DeviationTermination
 from bcg.envs.transition import TransitionFn, _hash32, hash_uniform, simulator_step
 from bcg.envs.warp_checks import UnstableCheck
 from bcg.envs.warp_features import WarpFeatureFn
@@ -67,7 +76,7 @@ MAX_SEED: int = 2**63 - 1
 """Largest seed :meth:`G1TrackingVectorEnv.reset` accepts (seeds are integers in [0, MAX_SEED])."""
 
 # streams of the counter-based draws (bcg.envs.transition.hash_uniform)
-_STREAM_PUSH, _STREAM_NOISE, _STREAM_RESET = 1, 2, 3
+_STREAM_PUSH, _STREAM_NOISE, _STREAM_RESET, _STREAM_START = 1, 2, 3, 4
 _NEXT_KEY_ADD = 0x5BD1E995  # the constant of G1TrackingVectorEnv._next_keys
 
 
@@ -193,6 +202,16 @@ class G1TrackingVectorEnv(VectorEnv):
         self._step_outputs = (WarpStepOutputs(self._features.warp_kin, self._warp_obs, self._warp_reward,
                                               self.num_frames) if cpu else None)
         self._warp = cpu
+        # the optional layers of training aids, each its own component: start frames where episodes fail, replay of
+        # drifted rows, deviation termination (None when off; docs/start_states_and_replay.md)
+        self.start_sampler: AdaptiveStartSampler | None = (
+            AdaptiveStartSampler(self.num_frames, self.control_dt, cfg.adaptive_start_bin_s, cfg.adaptive_start_alpha,
+                                 cfg.adaptive_start_floor, dev) if cfg.adaptive_start else None)
+        self.replay: DemonstrationReplay | None = (
+            DemonstrationReplay(cfg.replay_threshold) if cfg.replay_threshold is not None else None)
+        deviation = DeviationTermination(self._ref, cfg.termination_anchor_height, cfg.termination_gravity_z,
+                                         cfg.termination_end_effector_height)
+        self.deviation: DeviationTermination | None = deviation if deviation.active else None
         self._obs_noise = torch.cat([torch.full((size,), cfg.observation_noise.half_width(name), **f32)
                                      for name, size in self.observation_layout])
 
@@ -301,6 +320,19 @@ class G1TrackingVectorEnv(VectorEnv):
             raise ValueError(f"set_state expects q {list(self.q.shape)} and qd {list(self.qd.shape)}, got "
                              f"{list(q.shape)} and {list(qd.shape)}")
         self._state = dataclasses.replace(self._state, q=q.to(self.q), qd=qd.to(self.qd))
+
+    def layers_state_dict(self) -> dict[str, Any]:
+        """The state of the env's layers that lives outside :class:`EnvState` (the adaptive start sampler's failure
+        scores); empty when none is on. Agents save it in their checkpoints."""
+        return {} if self.start_sampler is None else {"start_sampler": self.start_sampler.state_dict()}
+
+    def load_layers_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`layers_state_dict`'s output (made by an environment with the same layers on)."""
+        if set(state) != set(self.layers_state_dict()):
+            raise ValueError(f"the layer state holds {sorted(state)}, this environment's layers "
+                             f"{sorted(self.layers_state_dict())} (is adaptive start sampling on in both?)")
+        if self.start_sampler is not None:
+            self.start_sampler.load_state_dict(state["start_sampler"])
 
     def detach(self) -> None:
         """Cut the autograd graph at the current state (the start of a new differentiable window)."""
@@ -419,7 +451,9 @@ class G1TrackingVectorEnv(VectorEnv):
     def _reset_frames(self, idx: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         """Start frames [K] long, uniform in [0, F - 2], of rows ``idx`` [K] starting new episodes with ``keys`` [K]:
         24 bits of the counter-based draw (key, row index) times F - 1, shifted down (exact integers, so the Warp
-        reset draws the same frames)."""
+        reset draws the same frames). With adaptive start sampling, the sampler turns two such draws into a frame."""
+        if self.start_sampler is not None:
+            return self.start_sampler.frames_from_uniform(self._uniform(keys, idx, 2, _STREAM_START))
         bits = (self._uniform(keys, idx, 1, _STREAM_RESET)[:, 0] * float(1 << 24)).long()
         return (bits * (self.num_frames - 1)) >> 24
 
@@ -479,7 +513,8 @@ class G1TrackingVectorEnv(VectorEnv):
         take the one-launch Warp path (:class:`~bcg.envs.warp_reset.WarpTableReset`, the same bits)."""
         dr = self.domain_randomization
         return (self._warp and self._noiseless_reset and dr.joint_offset is None and dr.latency_prob == 0
-                and dr.push_interval is None and not self._noise_on and WarpTableReset.accepts(s, obs))
+                and dr.push_interval is None and not self._noise_on and self.start_sampler is None
+                and WarpTableReset.accepts(s, obs))
 
     def _table_reset(self) -> WarpTableReset:
         if self._warp_reset is None:
@@ -539,8 +574,9 @@ class G1TrackingVectorEnv(VectorEnv):
 
     def _one_launch_outputs(self, q1: torch.Tensor, qd1: torch.Tensor, actions: torch.Tensor, s: EnvState) -> bool:
         """Whether a step's outputs can come from one launch (bcg.envs.warp_step): the Warp paths on, no autograd,
-        the plain default reward, float32 CPU tensors."""
+        the plain default reward, no deviation rules, float32 CPU tensors."""
         return (self._warp and not torch.is_grad_enabled() and type(self.reward_fn) is TrackingReward
+                and self.deviation is None
                 and q1.dtype == torch.float32
                 and WarpStepOutputs.accepts(q1, qd1, actions, s.prev_actions, s.frame, s.episode_steps))
 
@@ -590,6 +626,7 @@ class G1TrackingVectorEnv(VectorEnv):
         state's keys. Autograd follows torch's grad mode (this method does not switch it). A row whose state is
         unstable (non-finite, |q| > state_limit, |qd| > MAX_SPEED) before or after the physics is not passed on:
         it ends terminated with reward 0, its gradient is blocked, and its next state is its reference pose at rest.
+        ``terminated`` includes the deviation rules when they are on (``env.deviation``).
         """
         nxt, reward, terminated, truncated, contact, *_ = self._transition(state, actions)
         return nxt, reward, terminated, truncated, contact
@@ -680,6 +717,8 @@ class G1TrackingVectorEnv(VectorEnv):
                     track = (sim.body_pos_w - ref.body_pos_w).norm(dim=-1).mean(1)
             far = key_dist > self.termination_distance
             terminated = fell | far | bad
+            if self.deviation is not None:
+                terminated |= self.deviation(sim, frame_c)
             truncated = frame >= self.num_frames - 1
             if self.max_episode_steps is not None:
                 truncated |= steps >= self.max_episode_steps
@@ -752,8 +791,9 @@ class G1TrackingVectorEnv(VectorEnv):
             gradient blocked), ``num_unstable`` (the number of both this step), ``fell`` [N], ``tracking_error``
             [N] (mean over the bodies of the distance between simulated and reference body origins after the step
             [m]; the E_track of docs/method.md §3.10 before averaging over time), ``frame`` [N],
-            ``contact_impulse``, ``contact_peak_force`` and ``contact_penetration`` [N, 8] and, with observation
-            noise, ``critic_obs`` / ``final_critic_obs`` (noise-free).
+            ``contact_impulse``, ``contact_peak_force`` and ``contact_penetration`` [N, 8], with observation
+            noise ``critic_obs`` / ``final_critic_obs`` (noise-free), and with demonstration replay ``replayed``
+            [N] bool (rows put back on the reference after the step; ``obs`` is then that of the reference state).
         """
         if self._needs_reset:
             raise RuntimeError("call reset() before step()")
@@ -781,6 +821,11 @@ class G1TrackingVectorEnv(VectorEnv):
             num_bad, any_done = int(bad.sum()), None
         else:  # the one-launch path (bcg.envs.warp_step) made them already
             obs, done, num_bad, any_done = fused.obs, fused.done, fused.num_bad, fused.num_done > 0
+        replayed = None
+        if self.replay is not None:
+            nxt, obs, replayed = self.replay(nxt, obs, tracking_error, done, self._reset_table())
+        if self.start_sampler is not None:
+            self.start_sampler.record(terminated, nxt.frame)
         num_unstable = (int(unstable.sum()) if any_unstable else 0) + num_bad
         self.nonfinite_count += num_unstable
         info: dict[str, Any] = {
@@ -794,6 +839,8 @@ class G1TrackingVectorEnv(VectorEnv):
             "contact_peak_force": contact.peak_force,
             "contact_penetration": contact.penetration,
         }
+        if replayed is not None:
+            info["replayed"] = replayed
         noise_on = self._noise_on
         clean_final = obs
         final_obs = obs + self._noise(nxt) if noise_on else obs
