@@ -59,18 +59,29 @@ class _Clock:
         self.total[name] = self.total.get(name, 0.0) + dt
 
     def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def timed(*a: Any, **k: Any) -> Any:
-            t0 = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                self.add(name, time.perf_counter() - t0)
-
-        return timed
+        """``fn`` timed under ``name``; other attributes read through to ``fn`` (an estimator's ``last_stats``)."""
+        return _Timed(self, name, fn)
 
     def take(self) -> dict[str, float]:
         out, self.total = self.total, {}
         return out
+
+
+class _Timed:
+    """A callable that adds its calls' wall time to a :class:`_Clock` and otherwise behaves as the wrapped one."""
+
+    def __init__(self, clock: _Clock, name: str, fn: Callable[..., Any]) -> None:
+        self._clock, self._name, self._fn = clock, name, fn
+
+    def __call__(self, *a: Any, **k: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return self._fn(*a, **k)
+        finally:
+            self._clock.add(self._name, time.perf_counter() - t0)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fn, name)
 
 
 @contextlib.contextmanager
