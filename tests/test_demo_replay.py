@@ -75,7 +75,7 @@ def test_threshold_is_strict() -> None:
 
 def later_reward_grads(env: G1TrackingVectorEnv, start) -> tuple[torch.Tensor, torch.Tensor]:
     """(d(sum of the rewards of steps 2 and 3) / d(actions of step 1) [4, 29], replayed flags of step 1). No row
-    ends an episode in these steps (an autoreset would detach every row)."""
+    ends an episode in these steps (a reset row's gradient would be cut as well)."""
     env.load_state(start)
     g = torch.Generator().manual_seed(1)
     a0 = (0.1 * torch.randn(4, 29, generator=g)).requires_grad_(True)

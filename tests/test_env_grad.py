@@ -60,3 +60,32 @@ def test_fd_reward_wrt_action_with_contact(env: G1TrackingVectorEnv) -> None:
     # converge to the Warp/oracle gradient to 2e-10 at eps 1e-6, 3 % off at 1e-3; float32 cannot go below 5e-4.
     assert best[-2] < 0.03, f"FD vs autograd relative errors {best}"
     assert best[-1] < 0.15, f"FD vs autograd relative errors {best}"
+
+
+def test_an_episode_end_cuts_only_its_own_row(tmp_path) -> None:
+    """Row 1 falls on the first step and starts over inside the window: row 0's next reward and observation still
+    reach its first action, with the same gradient as when no row ends, and the restarted row's do not reach its old
+    action."""
+    path = write_synthetic_motion(tmp_path / "syn.npz", seconds=1.0)
+
+    def grads(fall: bool, of_obs: bool):  # one backward pass per simulated window (the Warp tape runs once)
+        env = G1TrackingVectorEnv(2, str(path), differentiable=True, action_offset="reference")
+        env.reset(seed=0)
+        frame = torch.tensor([5, 10])
+        q, qd, _ = env._reset_table()
+        q = q[frame].clone()
+        if fall:
+            q[1, 2] = 0.1  # below termination_height
+        env.load_state(dataclasses.replace(env.state, q=q, qd=qd[frame], frame=frame))
+        a0 = torch.zeros(2, 29, requires_grad=True)
+        _, _, term, _, _ = env.step(a0)
+        obs, rew, _, _, _ = env.step(torch.zeros(2, 29))
+        return term, torch.autograd.grad((obs if of_obs else rew).sum(), a0)[0]
+
+    (term, g_rew), (_, g_obs) = grads(True, False), grads(True, True)
+    (term_p, g_rew_p), (_, g_obs_p) = grads(False, False), grads(False, True)
+    assert term.tolist() == [False, True] and term_p.tolist() == [False, False]
+    assert g_rew[0].abs().max() > 0.1 and g_obs[0].abs().max() > 0.1
+    assert torch.equal(g_rew[0], g_rew_p[0]) and torch.equal(g_obs[0], g_obs_p[0])
+    assert torch.equal(g_rew[1], torch.zeros(29)) and torch.equal(g_obs[1], torch.zeros(29))
+    assert g_rew_p[1].abs().max() > 0.02  # without the fall the same row's gradient is there (measured 0.063)

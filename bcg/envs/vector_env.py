@@ -466,7 +466,16 @@ class G1TrackingVectorEnv(VectorEnv):
         return g
 
     def _reset_rows(self, s: EnvState, idx: torch.Tensor, keys: torch.Tensor) -> EnvState:
-        """``s`` with rows ``idx`` [K] starting new episodes drawn from the new per-row ``keys`` [K] (detached)."""
+        """``s`` with rows ``idx`` [K] starting new episodes drawn from the new per-row ``keys`` [K]. The new rows are
+        constants; the scatter is out of place and outside ``no_grad``, so the other rows keep their autograd graphs
+        (an episode ending inside a differentiable window cuts only its own row)."""
+        with torch.no_grad():
+            rows = self._start_rows(s, idx, keys)
+        return s.scatter(idx, rows)
+
+    def _start_rows(self, s: EnvState, idx: torch.Tensor, keys: torch.Tensor) -> EnvState:
+        """The K rows (a state of K rows) that rows ``idx`` [K] of ``s`` start their new episodes with, drawn from
+        their new ``keys`` [K]."""
         k, dev, dr = len(idx), self.device, self.domain_randomization
         nu = self.model.nu
         frame = self._reset_frames(idx, keys)
@@ -503,17 +512,18 @@ class G1TrackingVectorEnv(VectorEnv):
         if s.physics is not None:
             base = Physics(*(t[s.env_id[idx]] for t in self._default_physics))
             physics = sample_physics(base, dr, g) if dr.physics_active else base
-        rows = EnvState(q=q, qd=qd, frame=frame, episode_steps=torch.zeros_like(frame), prev_actions=prev,
+        return EnvState(q=q, qd=qd, frame=frame, episode_steps=torch.zeros_like(frame), prev_actions=prev,
                         delayed_actions=prev, joint_offset=offset, latency=lat, push_countdown=countdown,
                         push_vel=push_vel, rng_key=keys, env_id=s.env_id[idx], physics=physics)
-        return s.scatter(idx, rows)
 
     def _table_reset_applies(self, s: EnvState, obs: torch.Tensor) -> bool:
         """Whether an autoreset of ``s`` is the reset table alone (no randomisation, no observation noise) and can
-        take the one-launch Warp path (:class:`~bcg.envs.warp_reset.WarpTableReset`, the same bits)."""
+        take the one-launch Warp path (:class:`~bcg.envs.warp_reset.WarpTableReset`, the same bits). Not for rows with
+        autograd graphs: the launch writes fresh tensors, which would cut the graphs of the rows that go on."""
         dr = self.domain_randomization
         return (self._warp and self._noiseless_reset and dr.joint_offset is None and dr.latency_prob == 0
                 and dr.push_interval is None and not self._noise_on and self.start_sampler is None
+                and not any(t.requires_grad for t in (s.q, s.qd, s.prev_actions, s.delayed_actions, obs))
                 and WarpTableReset.accepts(s, obs))
 
     def _table_reset(self) -> WarpTableReset:
@@ -812,8 +822,7 @@ class G1TrackingVectorEnv(VectorEnv):
             any_unstable = bool(unstable.any())
         if any_unstable:  # reset before the simulator sees the state, so training never raises
             idx = unstable.nonzero().flatten()
-            with torch.no_grad():
-                s = self._reset_rows(s, idx, self._next_keys(s.rng_key[idx]))
+            s = self._reset_rows(s, idx, self._next_keys(s.rng_key[idx]))
         nxt, reward, terminated, truncated, contact, sim, bad, fell, tracking_error, fused = self._transition(
             s, actions, stable=None if any_unstable else unstable, tracking=True)
         if fused is None:
@@ -853,19 +862,19 @@ class G1TrackingVectorEnv(VectorEnv):
             noisy = obs
         elif self.autoreset and any_done:
             idx = done.nonzero().flatten()
+            nxt = self._reset_rows(nxt, idx, self._next_keys(nxt.rng_key[idx]))
             with torch.no_grad():
-                nxt = self._reset_rows(nxt, idx, self._next_keys(nxt.rng_key[idx]))
                 table = self._noiseless_reset
-                rows = None if table and not noise_on else nxt[idx]  # the rows' other fields only when read
+                rows = None if table and not noise_on else nxt[idx].detach()  # the rows' other fields only when read
                 if table:  # the new episodes' first observations depend on their frames alone
                     obs_new = self._reset_table()[2][nxt.frame[idx]]
                 else:
                     obs_new = self._observe(self._features(rows.q, rows.qd), rows.frame)
-                obs = obs.index_put((idx,), obs_new)
                 if noise_on:
-                    noisy = noisy.index_put((idx,), obs_new + self._noise(rows))
-                else:
-                    noisy = obs
+                    obs_new_noisy = obs_new + self._noise(rows)
+            # out of place with autograd on: the observations of the rows that go on keep their graphs
+            obs = obs.index_put((idx,), obs_new)
+            noisy = noisy.index_put((idx,), obs_new_noisy) if noise_on else obs
         self._state = nxt
         # every row of nxt passed the check after the physics or was replaced by its reference pose at rest, and
         # every reset row came from the reset table: when those poses pass too, the next step need not check again
