@@ -5,7 +5,8 @@ OpenMP's default policy a thread that waits at a barrier spins; when another pro
 thread takes the time slice of the one it waits for. Measured on the 2-core machine with a second training run and
 two test jobs running (load average 6): one critic step (512 rows, 3 critics of 256-256 on 849 inputs) took 730-800
 ms with two spinning threads, 93-98 ms with two passive threads and 100-102 ms with one thread. A passive thread
-sleeps while it waits, so two threads never cost much more than one.
+sleeps while it waits, so two threads never cost much more than one; but waking it costs more than a second thread
+gains on this machine, so with passive waits the dense updates keep one thread (:mod:`bcg.agents.threads`).
 """
 
 from __future__ import annotations

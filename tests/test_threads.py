@@ -12,12 +12,22 @@ import torch
 from bcg.agents.threads import MIN_PARALLEL_WORK, dense_update_threads, torch_threads
 
 
-def test_dense_update_threads_use_every_core_only_for_large_minibatches() -> None:
-    assert dense_update_threads(64, 3 * 128, cores=2) == 1           # cpu-small's 64-row minibatches
-    assert dense_update_threads(512, 3 * 256, cores=2) == 2          # the paper's 512-row minibatches
-    assert dense_update_threads(MIN_PARALLEL_WORK, 1, cores=16) == 16
-    assert dense_update_threads(MIN_PARALLEL_WORK - 1, 1, cores=16) == 1
-    assert dense_update_threads(10**6, 10**6, cores=1) == 1
+def test_dense_update_threads_use_every_core_only_for_large_minibatches_and_spinning_waits() -> None:
+    assert dense_update_threads(64, 3 * 128, cores=2, spinning=True) == 1     # cpu-small's 64-row minibatches
+    assert dense_update_threads(512, 3 * 256, cores=2, spinning=True) == 2    # the paper's 512-row minibatches
+    assert dense_update_threads(MIN_PARALLEL_WORK, 1, cores=16, spinning=True) == 16
+    assert dense_update_threads(MIN_PARALLEL_WORK - 1, 1, cores=16, spinning=True) == 1
+    assert dense_update_threads(10**6, 10**6, cores=1, spinning=True) == 1
+    assert dense_update_threads(512, 3 * 256, cores=2, spinning=False) == 1   # passive waits: one thread pays more
+
+
+def test_the_spinning_default_follows_the_openmp_wait_policy(monkeypatch) -> None:
+    monkeypatch.setenv("OMP_WAIT_POLICY", "active")
+    assert dense_update_threads(512, 3 * 256, cores=2) == 2
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    assert dense_update_threads(512, 3 * 256, cores=2) == 1
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    assert dense_update_threads(512, 3 * 256, cores=2) == 1
 
 
 def test_torch_threads_restores_the_previous_number_also_after_an_error() -> None:

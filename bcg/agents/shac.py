@@ -243,7 +243,8 @@ class SHAC:
             reward); None keeps the env's own reward (``env_config.reward``, default tracking).
         seed: seeds the networks, the action noise, the environment's resets and the estimator.
         update_threads: torch threads of the critic fit (None: :func:`bcg.agents.threads.dense_update_threads` of
-            the minibatch size, i.e. every core for the paper's sizes and one for small windows).
+            the minibatch size and OpenMP's wait policy: every core for the paper's sizes where OpenMP spins, else
+            one).
     """
 
     def __init__(self, config: SHACConfig, env_config: EnvConfig, estimator: Any = None, add: Any = None,

@@ -6,10 +6,21 @@ rollout: a second OpenMP thread there only spins against the simulator's threads
 is dense matrix products and nothing else, so a second thread pays off once the products are large enough to
 amortise OpenMP's fork and join.
 
-Measured on the 2-core machine (one critic step: forward, backward, clip, fused Adam; 3 critics on 849 inputs,
-float32, quiet machine): 64 rows x 128 wide 3.4 ms with one thread, 2.6-5.0 ms with two; 512 x 256 47.7 ms against
-31.6 ms. With another process busy on the machine two threads can be 10x slower (OpenMP's barrier waits for a
-descheduled thread), so the rule below stays on one thread unless the products are large.
+Whether a second thread pays depends on how OpenMP's threads wait between parallel regions. Measured on the 2-core
+machine, the paper preset's whole critic fit (2048 samples, 16 passes x 4 minibatches, 3 critics of 256-256 on 849
+inputs), alternating in one process:
+
+| OpenMP waits | machine | 1 thread [s] | 2 threads [s] |
+|---|---|---|---|
+| spinning (``OMP_WAIT_POLICY=ACTIVE``) | idle | 2.2-2.6 | 1.66-2.05 |
+| spinning (``GOMP_SPINCOUNT=100000``) | idle | 2.5-2.8 | 1.66-1.94 |
+| spinning (``GOMP_SPINCOUNT=100000``) | one other busy process | 2.66-2.71 | 10.6-13.2 |
+| passive (``OMP_WAIT_POLICY=PASSIVE``, bcg's default) | idle | 2.4-3.3 | 3.1-4.2 |
+
+So two threads help only where OpenMP spins and nothing else runs on the cores, and cost 4-5x the moment anything
+does (the spinning thread takes the time slice of the one it waits for). ``import bcg`` makes OpenMP wait passively
+(:mod:`bcg._openmp`), and with passive waits the rule below keeps one thread. On a machine of your own, start with
+``OMP_WAIT_POLICY=ACTIVE`` and the large fits take every core.
 """
 
 from __future__ import annotations
@@ -20,7 +31,7 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["MIN_PARALLEL_WORK", "available_cores", "dense_update_threads", "torch_threads"]
+__all__ = ["MIN_PARALLEL_WORK", "available_cores", "dense_update_threads", "openmp_spins", "torch_threads"]
 
 MIN_PARALLEL_WORK = 1 << 17
 """Rows x first-layer outputs (all critics) of one minibatch from which the critic fit uses every core."""
@@ -34,12 +45,20 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def dense_update_threads(rows: int, first_layer_outputs: int, cores: int | None = None) -> int:
+def openmp_spins() -> bool:
+    """Whether this process's OpenMP threads spin while they wait (``OMP_WAIT_POLICY=ACTIVE``)."""
+    return os.environ.get("OMP_WAIT_POLICY", "").strip().upper() == "ACTIVE"
+
+
+def dense_update_threads(rows: int, first_layer_outputs: int, cores: int | None = None,
+                         spinning: bool | None = None) -> int:
     """Torch threads for a fit whose minibatches have ``rows`` samples through a first layer with
-    ``first_layer_outputs`` outputs (summed over an ensemble): every available core when ``rows *
-    first_layer_outputs >= MIN_PARALLEL_WORK``, else 1."""
+    ``first_layer_outputs`` outputs (summed over an ensemble): every available core when OpenMP spins
+    (``spinning``, default :func:`openmp_spins`) and ``rows * first_layer_outputs >= MIN_PARALLEL_WORK``, else 1."""
     cores = available_cores() if cores is None else int(cores)
-    return max(1, cores) if int(rows) * int(first_layer_outputs) >= MIN_PARALLEL_WORK else 1
+    spinning = openmp_spins() if spinning is None else spinning
+    large = int(rows) * int(first_layer_outputs) >= MIN_PARALLEL_WORK
+    return max(1, cores) if spinning and large else 1
 
 
 @contextmanager

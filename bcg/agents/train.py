@@ -209,7 +209,8 @@ class TrainConfig:
     simulator's own threads use the cores."""
     update_threads: int | None = None
     """torch threads of SHAC's critic fit and PPO's update (None: every core when their minibatches are large, as
-    with the paper's sizes, else 1; bcg.agents.threads)."""
+    with the paper's sizes, and OpenMP spins (OMP_WAIT_POLICY=ACTIVE, for a machine of your own); else 1;
+    bcg.agents.threads)."""
     progress: bool = True
     """Show a progress bar with live figures."""
     tensorboard: bool = True
