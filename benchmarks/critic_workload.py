@@ -40,9 +40,11 @@ WORKLOADS: dict[str, dict] = {
     "2 x 1": dict(passes=2, minibatches=1),
     "16 x 4, 2 critics": dict(passes=16, minibatches=4, critics=2),
     "16 x 4, 1 critic": dict(passes=16, minibatches=4, critics=1),
+    "16 x 4, first layer 64": dict(passes=16, minibatches=4, hidden=(64, 128)),
+    "16 x 4, 64-64": dict(passes=16, minibatches=4, hidden=(64, 64)),
 }
-"""Label -> passes and minibatches per window, optionally a factor on the critic learning rate and another number of
-critics (the preset's widths, learning rate and clip otherwise)."""
+"""Label -> passes and minibatches per window, optionally a factor on the critic learning rate, another number of
+critics or other hidden widths (the preset's otherwise)."""
 
 
 def record(preset: str, motion: str, iterations: int, seed: int) -> tuple[list, object]:
@@ -69,13 +71,14 @@ def record(preset: str, motion: str, iterations: int, seed: int) -> tuple[list, 
 
 
 def replay(windows: list, cfg, passes: int, minibatches: int, seed: int, lr_scale: float = 1.0,
-           critics: int | None = None) -> dict[str, float]:
+           critics: int | None = None, hidden: tuple[int, ...] | None = None) -> dict[str, float]:
     """Fit a fresh critic ensemble on ``windows`` in order with ``passes`` x ``minibatches`` per window (critic
-    learning rates times ``lr_scale``; ``critics`` members, default the preset's)."""
+    learning rates times ``lr_scale``; ``critics`` members and ``hidden`` widths, default the preset's)."""
     torch.manual_seed(seed)
     d = windows[0][0].shape[-1]
     k = cfg.num_critics if critics is None else critics
-    cfg = dataclasses.replace(cfg, critic_lr=cfg.critic_lr * lr_scale, final_lr=cfg.final_lr * lr_scale)
+    cfg = dataclasses.replace(cfg, critic_lr=cfg.critic_lr * lr_scale, final_lr=cfg.final_lr * lr_scale,
+                              critic_hidden=cfg.critic_hidden if hidden is None else tuple(hidden))
     critics = CriticEnsemble(d, cfg.critic_hidden, k, cfg.activation, cfg.layer_norm)
     target = copy.deepcopy(critics).requires_grad_(False)
     opt = torch.optim.Adam(critics.parameters(), lr=cfg.critic_lr, betas=cfg.betas, fused=True)
@@ -151,8 +154,8 @@ def main() -> None:
     for label, w in WORKLOADS.items():
         if args.only and label not in args.only:
             continue
-        runs = [replay(windows, cfg, w["passes"], w["minibatches"], seed, w.get("lr_scale", 1.0), w.get("critics"))
-                for seed in range(args.seeds)]
+        runs = [replay(windows, cfg, w["passes"], w["minibatches"], seed, w.get("lr_scale", 1.0), w.get("critics"),
+                       w.get("hidden")) for seed in range(args.seeds)]
         curves[label] = runs[0]["curve"]
         new = [r["new_loss"] for r in runs]
         print(f"| {label} | {w['passes'] * w['minibatches']} | {statistics.mean(new):.4f} "

@@ -79,6 +79,16 @@ def main() -> None:
                      for k in ("eval_fall_rate", "eval_episode_s", "eval_tracking_error_cm")]
             print(f"| {seed} | {lo}-{min(hi, 450)} | " + " | ".join(cells) + " |")
 
+    print("\n## cpu-small critics 128-128 -> 64-128 (evaluation means per block; 450 iterations)")
+    print("| seed | iterations | fall rate | mean episode [s] | E_track [cm] | training wall time [s] |\n|---|---|---|---|---|---|")
+    for seed in (0, 1):
+        ra, rb = _rows(d / f"c128-s{seed}"), _rows(d / f"c64-s{seed}")
+        for lo, hi in ((200, 300), (300, 400), (400, 451)):
+            cells = [f"{_block_mean(ra, k, lo, hi):.2f} -> {_block_mean(rb, k, lo, hi):.2f}"
+                     for k in ("eval_fall_rate", "eval_episode_s", "eval_tracking_error_cm")]
+            wall = f"{_num(ra[-1], 'wall_time_s'):.0f} -> {_num(rb[-1], 'wall_time_s'):.0f}" if hi > 450 else ""
+            print(f"| {seed} | {lo}-{min(hi, 450)} | " + " | ".join(cells) + f" | {wall} |")
+
     print("\n## Whole clip (bcg evaluate RUN)")
     print("| run | simulator | falls | mean episode [s] | E_track [cm] |\n|---|---|---|---|---|")
     for name in ("preset-A-16x16-c16x4", "fix-A-16x16-c16x4"):

@@ -361,7 +361,7 @@ def _learn(iterations: int, num_envs: int, horizon: int, flip_sign: bool = False
     std 1, PyTorch's initialisation, actor lr 5e-3, the bootstrap from the start: the paper's SHAC settings, not
     cpu-small's gentler ones) with the env's default action map (``flip_sign``: ascend the loss)."""
     base = dataclasses.replace(PRESETS["cpu-small"], init_action_std=1.0, actor_output_scale=1.0, actor_lr=5e-3,
-                               actor_bootstrap_warmup=0)
+                               actor_bootstrap_warmup=0, critic_hidden=(128, 128))  # the widths it was measured with
     cfg = dataclasses.replace(base, num_envs=num_envs, horizon=horizon, **kw)
     agent = SHAC(cfg, EnvConfig(motion_file=standing_motion(2.0)), seed=0)
     if flip_sign:  # a broken update: the actor climbs its loss

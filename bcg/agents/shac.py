@@ -178,8 +178,10 @@ PRESETS: dict[str, SHACConfig] = {
     # initial critic after 30 iterations). A policy that starts at the zero residual (output scale 0.01) with little
     # noise (std 0.02), small actor steps (3e-4), and no critic bootstrap in the actor loss for the first 200
     # iterations: measured on jump, the bootstrap of a critic trained for a few minutes undoes what the actor learnt.
+    # Critics 64-128: the first layer over the 849 inputs is most of the fit's arithmetic, and at 64 wide the critics
+    # predict unseen values as well as at 128 (docs/learning_throughput.md) for three fifths of the fit's time.
     "cpu-small": SHACConfig(num_envs=16, horizon=16, max_iterations=500, actor_hidden=(256, 128),
-                            critic_hidden=(128, 128), target_critic_alpha=0.0, actor_lr=3e-4, init_action_std=0.02,
+                            critic_hidden=(64, 128), target_critic_alpha=0.0, actor_lr=3e-4, init_action_std=0.02,
                             actor_output_scale=0.01, actor_bootstrap_warmup=200),
 }
 """Named configurations: ``"paper"`` (docs/method.md §5.3) and ``"cpu-small"`` (2 CPU cores, meant with the env's
