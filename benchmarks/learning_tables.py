@@ -80,7 +80,8 @@ def main() -> None:
             print(f"| {seed} | {lo}-{min(hi, 450)} | " + " | ".join(cells) + " |")
 
     print("\n## cpu-small critics 128-128 -> 64-128 (evaluation means per block; 450 iterations)")
-    print("| seed | iterations | fall rate | mean episode [s] | E_track [cm] | training wall time [s] |\n|---|---|---|---|---|---|")
+    print("| seed | iterations | fall rate | mean episode [s] | E_track [cm] | training wall time [s] |")
+    print("|---|---|---|---|---|---|")
     for seed in (0, 1):
         ra, rb = _rows(d / f"c128-s{seed}"), _rows(d / f"c64-s{seed}")
         for lo, hi in ((200, 300), (300, 400), (400, 451)):
