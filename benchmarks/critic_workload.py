@@ -20,14 +20,13 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import math
 import statistics
 import time
 
 import torch
 
 from bcg.agents.networks import CriticEnsemble
-from bcg.agents.shac import td_lambda_targets
+from bcg.agents.shac import polyak_, regress_values, td_lambda_targets
 
 WORKLOADS: dict[str, dict] = {
     "16 passes x 4 (paper)": dict(passes=16, minibatches=4),
@@ -83,7 +82,12 @@ def replay(windows: list, cfg, passes: int, minibatches: int, seed: int, lr_scal
     target = copy.deepcopy(critics).requires_grad_(False)
     opt = torch.optim.Adam(critics.parameters(), lr=cfg.critic_lr, betas=cfg.betas, fused=True)
     new_losses, last_losses, seconds = [], [], []
-    a = cfg.target_critic_alpha
+    params = list(critics.parameters())
+
+    def step() -> None:
+        torch.nn.utils.clip_grad_norm_(params, cfg.critic_grad_norm)
+        opt.step()
+
     for e, (obs, rew, dones, nxt, zero) in enumerate(windows):
         lr = cfg.critic_lr + (cfg.final_lr - cfg.critic_lr) * min(e / cfg.max_iterations, 1.0)
         for g in opt.param_groups:
@@ -93,26 +97,10 @@ def replay(windows: list, cfg, passes: int, minibatches: int, seed: int, lr_scal
             nv = target.min(nxt.reshape(-1, d)).reshape(rew.shape)
             nv = torch.where(zero, torch.zeros_like(nv), torch.nan_to_num(nv, nan=0.0, posinf=0.0, neginf=0.0))
         tgt = td_lambda_targets(rew, nv, dones, cfg.gamma, cfg.lam).reshape(-1)
-        x = obs.reshape(-1, d)
-        size = math.ceil(x.shape[0] / minibatches)
-        params = list(critics.parameters())
-        for it in range(passes):
-            total = 0.0
-            for b in range(minibatches):
-                sl = slice(b * size, (b + 1) * size)
-                opt.zero_grad(set_to_none=True)
-                loss = (critics(x[sl]) - tgt[sl][None]).square().mean(1).sum()
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(params, cfg.critic_grad_norm)
-                opt.step()
-                total += float(loss.detach()) / k
-            if it == 0:
-                new_losses.append(total / minibatches)
-            if it == passes - 1:
-                last_losses.append(total / minibatches)
-        with torch.no_grad():
-            for pt, p in zip(target.parameters(), critics.parameters(), strict=True):
-                pt.mul_(a).add_(p.detach(), alpha=1.0 - a) if a > 0 else pt.copy_(p)
+        losses = regress_values(critics, opt, obs.reshape(-1, d), tgt, passes, minibatches, step)
+        new_losses.append(losses[0])
+        last_losses.append(losses[-1])
+        polyak_(target, critics, cfg.target_critic_alpha)
         seconds.append(time.perf_counter() - t0)
     tail = max(1, len(windows) // 3)
     return {"new_loss": statistics.mean(new_losses[-tail:]), "last_loss": statistics.mean(last_losses[-tail:]),

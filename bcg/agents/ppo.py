@@ -43,7 +43,8 @@ from torch import nn
 
 from bcg.agents.add import ADDConfig, ADDReward
 from bcg.agents.base import METRIC_NAMES
-from bcg.agents.threads import dense_update_threads, torch_threads
+from bcg.agents.threads import torch_threads
+from bcg.agents.threads import update_threads as resolve_update_threads
 from bcg.envs.config import EnvConfig
 from bcg.envs.sb3 import SB3VecEnv
 from bcg.envs.state import EnvState
@@ -369,12 +370,8 @@ class PPOAgent:
                  seed: int = 0, update_threads: int | None = None):
         if not isinstance(config, PPOConfig):
             raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")
-        if update_threads is not None and (isinstance(update_threads, bool) or not isinstance(update_threads, int)
-                                           or update_threads < 1):
-            raise ValueError(f"update_threads must be None or an integer >= 1, got {update_threads!r}")
         first = sum(h[0] if h else 1 for h in (config.actor_hidden, config.critic_hidden))
-        self.update_threads = (update_threads if update_threads is not None
-                               else dense_update_threads(config.batch_size, first))
+        self.update_threads = resolve_update_threads(update_threads, config.batch_size, first)
         """Torch intra-op threads of SB3's update (the rollout keeps the caller's setting)."""
         env_config = env_config if env_config is not None else EnvConfig()
         self.config = config

@@ -35,7 +35,8 @@ from torch import nn
 
 from bcg.agents.networks import ACTIVATIONS, CriticEnsemble, GaussianActor
 from bcg.agents.normalization import FrozenNormalizer, RunningMeanStd
-from bcg.agents.threads import dense_update_threads, torch_threads
+from bcg.agents.threads import torch_threads
+from bcg.agents.threads import update_threads as resolve_update_threads
 from bcg.envs.config import EnvConfig
 
 __all__ = ["PRESETS", "SHAC", "SHACConfig", "STATE_FORMAT", "td_lambda_targets"]
@@ -261,14 +262,11 @@ class SHAC:
             estimator = make("bptt")
         if not isinstance(estimator, Estimator):
             raise TypeError(f"estimator must be a bcg.estimators.Estimator or None, got {type(estimator).__name__}")
-        if update_threads is not None and (isinstance(update_threads, bool) or not isinstance(update_threads, int)
-                                           or update_threads < 1):
-            raise ValueError(f"update_threads must be None or an integer >= 1, got {update_threads!r}")
         self.config = config
         self.seed = int(seed)
         rows = math.ceil(config.num_envs * config.horizon / config.critic_minibatches)
         width = config.num_critics * (config.critic_hidden[0] if config.critic_hidden else 1)
-        self.update_threads = update_threads if update_threads is not None else dense_update_threads(rows, width)
+        self.update_threads = resolve_update_threads(update_threads, rows, width)
         """Torch intra-op threads of the critic fit (the rollout keeps the caller's setting)."""
         self.env = make_env(config, env_config)
         self.device = self.env.device
@@ -439,11 +437,6 @@ class SHAC:
         """
         return td_lambda_targets(rewards, next_values, dones, gamma, lam)
 
-    def _critic_loss(self, obs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Sum over the critics of the mean squared error on ``obs`` [B, D], ``targets`` [B] (each critic regresses
-        the same targets, with the gradient it would get alone)."""
-        return (self.critics(obs) - targets[None]).square().mean(1).sum()
-
     # ================================================================================================ 4. update
 
     def _lr(self, lr0: float) -> float:
@@ -484,35 +477,23 @@ class SHAC:
         fit that more passes cannot lower by memorising the window."""
         cfg = self.config
         targets = self.td_lambda_targets(window.rewards, window.next_values, window.dones, cfg.gamma, cfg.lam)
-        obs = window.critic_obs.reshape(-1, self.obs_dim)
-        tgt = targets.reshape(-1)
-        size = math.ceil(obs.shape[0] / cfg.critic_minibatches)
         params = list(self.critics.parameters())
-        last_pass, first_pass, max_norm = 0.0, 0.0, 0.0
-        for it in range(cfg.critic_iterations):
-            total = 0.0
-            for b in range(cfg.critic_minibatches):
-                sl = slice(b * size, (b + 1) * size)
-                self.critic_opt.zero_grad(set_to_none=True)
-                loss = self._critic_loss(obs[sl], tgt[sl])
-                loss.backward()
-                norm, applied = self._guarded_step(self.critic_opt, params, cfg.critic_grad_norm)
-                max_norm = max(max_norm, norm) if math.isfinite(norm) else norm
-                self.skipped_critic_updates += not applied
-                total += float(loss.detach()) / cfg.num_critics
-            if it == 0:
-                first_pass = total / cfg.critic_minibatches
-            if it == cfg.critic_iterations - 1:
-                last_pass = total / cfg.critic_minibatches
-        self.critic_opt.zero_grad(set_to_none=True)
-        return last_pass, max_norm, first_pass
+        max_norm = 0.0
+
+        def step() -> None:
+            nonlocal max_norm
+            norm, applied = self._guarded_step(self.critic_opt, params, cfg.critic_grad_norm)
+            max_norm = max(max_norm, norm) if math.isfinite(norm) else norm
+            self.skipped_critic_updates += not applied
+
+        passes = regress_values(self.critics, self.critic_opt, window.critic_obs.reshape(-1, self.obs_dim),
+                                targets.reshape(-1), cfg.critic_iterations, cfg.critic_minibatches, step)
+        return passes[-1], max_norm, passes[0]
 
     @torch.no_grad()
     def _update_target_critics(self) -> None:
         """phi' <- alpha phi' + (1 - alpha) phi (alpha = 0: a copy of the critics)."""
-        a = self.config.target_critic_alpha
-        for pt, p in zip(self.target_critics.parameters(), self.critics.parameters(), strict=True):
-            pt.mul_(a).add_(p.detach(), alpha=1.0 - a) if a > 0 else pt.copy_(p)
+        polyak_(self.target_critics, self.critics, self.config.target_critic_alpha)
 
     def train_iteration(self) -> dict[str, float]:
         """One window: rollout, actor step, critic regression, target critics, ADD discriminator; returns the
@@ -684,6 +665,34 @@ class SHAC:
             mean = torch.zeros(self.obs_dim, dtype=torch.float64, device=self.device)
             var, eps, clip = torch.ones_like(mean), 0.0, None
         return policy_export(self.actor.mean_net, mean, var, obs_eps=eps, obs_clip=clip, env=self.env, agent="shac")
+
+
+def regress_values(critics: CriticEnsemble, opt: torch.optim.Optimizer, obs: torch.Tensor, targets: torch.Tensor,
+                   passes: int, minibatches: int, step: Any) -> list[float]:
+    """Fit ``critics`` to ``targets`` [B] on ``obs`` [B, D]: ``passes`` over ``minibatches`` contiguous minibatches,
+    each critic's mean squared error summed over the critics; after each backward ``step()`` clips and steps ``opt``.
+    Returns each pass's mean MSE per critic (the first pass meets every minibatch before training on it)."""
+    size = math.ceil(obs.shape[0] / minibatches)
+    losses = []
+    for _ in range(passes):
+        total = 0.0
+        for b in range(minibatches):
+            sl = slice(b * size, (b + 1) * size)
+            opt.zero_grad(set_to_none=True)
+            loss = (critics(obs[sl]) - targets[sl][None]).square().mean(1).sum()
+            loss.backward()
+            step()
+            total += float(loss.detach()) / critics.num_critics
+        losses.append(total / minibatches)
+    opt.zero_grad(set_to_none=True)
+    return losses
+
+
+@torch.no_grad()
+def polyak_(target: nn.Module, source: nn.Module, alpha: float) -> None:
+    """target <- alpha target + (1 - alpha) source, parameter by parameter (alpha = 0: a copy)."""
+    for pt, p in zip(target.parameters(), source.parameters(), strict=True):
+        pt.mul_(alpha).add_(p.detach(), alpha=1.0 - alpha) if alpha > 0 else pt.copy_(p)
 
 
 class _WindowSteps:

@@ -31,7 +31,8 @@ from contextlib import contextmanager
 
 import torch
 
-__all__ = ["MIN_PARALLEL_WORK", "available_cores", "dense_update_threads", "openmp_spins", "torch_threads"]
+__all__ = ["MIN_PARALLEL_WORK", "available_cores", "dense_update_threads", "openmp_spins", "torch_threads",
+           "update_threads"]
 
 MIN_PARALLEL_WORK = 1 << 17
 """Rows x first-layer outputs (all critics) of one minibatch from which the critic fit uses every core."""
@@ -59,6 +60,14 @@ def dense_update_threads(rows: int, first_layer_outputs: int, cores: int | None 
     spinning = openmp_spins() if spinning is None else spinning
     large = int(rows) * int(first_layer_outputs) >= MIN_PARALLEL_WORK
     return max(1, cores) if spinning and large else 1
+
+
+def update_threads(requested: int | None, rows: int, first_layer_outputs: int) -> int:
+    """An agent's ``update_threads`` argument checked (None or an integer >= 1) and resolved: ``requested``, or
+    :func:`dense_update_threads` of its fit's minibatch size when None."""
+    if requested is not None and (isinstance(requested, bool) or not isinstance(requested, int) or requested < 1):
+        raise ValueError(f"update_threads must be None or an integer >= 1, got {requested!r}")
+    return requested if requested is not None else dense_update_threads(rows, first_layer_outputs)
 
 
 @contextmanager

@@ -248,24 +248,6 @@ def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: 
     }
 
 
-def _env_nograd_rate(num_envs: int, motion: str, env_config: Any, steps: int = 24, repeats: int = 3) -> float:
-    """Environment steps per second of the non-differentiable vector env (random actions), best of ``repeats``."""
-    from bcg.envs.vector_env import G1TrackingVectorEnv
-
-    env = G1TrackingVectorEnv(num_envs, config=dataclasses.replace(env_config, differentiable=False))
-    env.reset(seed=0)
-    gen = torch.Generator().manual_seed(0)
-    best = math.inf
-    with torch.no_grad():
-        for r in range(repeats + 1):
-            t0 = time.perf_counter()
-            for _ in range(steps):
-                env.step(0.3 * torch.randn(num_envs, 29, generator=gen))
-            if r:  # the first block warms up
-                best = min(best, time.perf_counter() - t0)
-    return num_envs * steps / best
-
-
 def measure_ppo(preset: str, *, motion: str = "jump", iterations: int = 3, warmup: int = 1, seed: int = 0,
                 overrides: dict[str, Any] | None = None,
                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
@@ -273,6 +255,7 @@ def measure_ppo(preset: str, *, motion: str = "jump", iterations: int = 3, warmu
     same number of environments; also the floor that ``train()``'s arithmetic sets (its networks' products over the
     measured matrix-product rate)."""
     from bcg.agents.train import build_agent, default_config
+    from bcg.evaluation import sim_throughput
 
     cfg = default_config("ppo", preset, motion=motion, seed=seed)
     if overrides:
@@ -299,7 +282,7 @@ def measure_ppo(preset: str, *, motion: str = "jump", iterations: int = 3, warmu
              + _mlp_fit_flops(samples, obs_dim, p.critic_hidden, 1, p.n_epochs))
     threads = getattr(agent, "update_threads", torch.get_num_threads())
     rate = matmul_rate(p.batch_size, obs_dim, p.actor_hidden[0] if p.actor_hidden else 29, threads)
-    env_rate = _env_nograd_rate(p.num_envs, motion, cfg.env_config())
+    env_rate = sim_throughput.env_rate(p.num_envs, 24, False, 3, motion=motion)
     return {
         "agent": "ppo", "preset": preset, "method": "ppo", "num_envs": p.num_envs, "horizon": p.n_steps,
         "samples": samples, "parts": med, "samples_per_s": samples / med["iteration"], "env_rate": env_rate,
