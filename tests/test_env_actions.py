@@ -40,3 +40,24 @@ def test_residual_step_equals_the_default_map_with_the_same_targets():
 def test_action_offset_is_checked():
     with pytest.raises(ValueError, match="action_offset must be 'default' or 'reference'"):
         EnvConfig(action_offset="residual")
+
+
+def test_torque_action_scale_asks_the_same_torque_fraction_of_every_joint():
+    import numpy as np
+
+    from bcg.agents.train import TrainConfig
+    from bcg.envs.actions import torque_action_scale
+    from bcg.robots import g1
+
+    s = torque_action_scale(g1.KP, g1.TORQUE_LIMITS, 0.5)
+    np.testing.assert_allclose(g1.KP * s, 0.5 * g1.TORQUE_LIMITS)  # a full action: half the limit from the PD
+    knee = g1.JOINT_NAMES.index("left_knee_joint")
+    assert s[knee] == pytest.approx(0.5 * 139.0 / 200.0)
+    with pytest.raises(ValueError, match="fraction"):
+        torque_action_scale(g1.KP, g1.TORQUE_LIMITS, 0.0)
+    with pytest.raises(ValueError, match="positive"):
+        torque_action_scale(-g1.KP, g1.TORQUE_LIMITS, 0.5)
+    cfg = TrainConfig(action_scale_torque=0.5).env_config()
+    np.testing.assert_allclose(cfg.action_scale, s)
+    with pytest.raises(ValueError, match="action_scale_torque"):
+        TrainConfig(action_scale_torque=-1.0)

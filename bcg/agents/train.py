@@ -185,6 +185,10 @@ class TrainConfig:
     action_scale: float | None = None
     """PD-target change per unit of tanh(a) [rad] for every joint; None: the preset's (cpu-small: 0.5, paper: the
     env's per-joint default, which reaches the farther joint limit at |a| = 0.9)."""
+    action_scale_torque: float | None = None
+    """Per-joint action scale in torque units: a full action moves joint j's target by this fraction of its torque
+    limit over its kp (s_j = f L_j / kp_j; 0.5: 0.22 rad on the hips, 0.35 on the knees, 0.125 on ankles and arms).
+    Overrides --action-scale; None: off."""
     termination_anchor_height: float | None = None
     """End an episode when the pelvis height error exceeds this [m] (BeyondMimic: 0.25; None: off)."""
     termination_gravity_z: float | None = None
@@ -240,6 +244,11 @@ class TrainConfig:
         if self.action_scale is not None and not (isinstance(self.action_scale, numbers.Real)
                                                   and math.isfinite(self.action_scale) and self.action_scale > 0):
             raise ValueError(f"action_scale must be a finite number > 0 [rad] or None, got {self.action_scale!r}")
+        if self.action_scale_torque is not None and not (
+                isinstance(self.action_scale_torque, numbers.Real) and math.isfinite(self.action_scale_torque)
+                and self.action_scale_torque > 0):
+            raise ValueError("action_scale_torque must be a finite number > 0 or None, got "
+                             f"{self.action_scale_torque!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be an integer in [0, 2^63 - 1], got {self.seed!r}")
         if self.torch_threads is not None:
@@ -276,6 +285,11 @@ class TrainConfig:
         preset = ENV_PRESETS[self.preset]
         offset = preset["action_offset"] if self.action_offset is None else self.action_offset
         scale = preset["action_scale"] if self.action_scale is None else self.action_scale
+        if self.action_scale_torque is not None:
+            from bcg.envs.actions import torque_action_scale
+            from bcg.robots import g1
+
+            scale = tuple(float(x) for x in torque_action_scale(g1.KP, g1.TORQUE_LIMITS, self.action_scale_torque))
         return EnvConfig(motion_file=self.motion, kappa=self.kappa, device=self.device,
                          differentiable=self.agent == "shac", domain_randomization=bool(self.domain_randomization),
                          max_episode_steps=self.max_episode_steps, action_offset=offset, action_scale=scale,

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["ActionMap", "DEFAULT_REACH", "MAX_INVERSE_ACTION", "default_action_scale"]
+__all__ = ["ActionMap", "DEFAULT_REACH", "MAX_INVERSE_ACTION", "default_action_scale", "torque_action_scale"]
 
 DEFAULT_REACH: float = 0.9
 """|a| that reaches the farther joint limit with the default action scale."""
@@ -26,6 +26,21 @@ def default_action_scale(default_pos: np.ndarray, ranges: np.ndarray, reach: flo
     """Per-joint scale [nu] [rad] that maps |a| <= ``reach`` onto the whole joint range ``ranges`` [nu, 2]."""
     far = np.maximum(ranges[:, 1] - default_pos, default_pos - ranges[:, 0])
     return far / math.tanh(reach)
+
+
+def torque_action_scale(kp: np.ndarray, torque_limits: np.ndarray, fraction: float) -> np.ndarray:
+    """Per-joint scale [nu] [rad] s_j = fraction * L_j / kp_j: a full action (|tanh(a)| = 1) moves joint j's PD target
+    by the offset that asks for ``fraction`` of its torque limit L_j [N m] from its gain kp_j [N m / rad].
+
+    One radian means very different torques on a 200 N m/rad knee and a 20 N m/rad wrist; in these units an action
+    alone cannot drive an actuator deep into saturation, where simulators part (MuJoCo clamps the torque, ours
+    saturates smoothly) and where a policy that bangs joints against their limits does not transfer."""
+    kp, lim = np.asarray(kp, dtype=np.float64), np.asarray(torque_limits, dtype=np.float64)
+    if not (np.isfinite(fraction) and fraction > 0):
+        raise ValueError(f"fraction must be a finite value > 0, got {fraction!r}")
+    if kp.shape != lim.shape or np.any(kp <= 0) or np.any(~np.isfinite(lim)) or np.any(lim <= 0):
+        raise ValueError("kp and torque_limits must be positive finite arrays of the same shape")
+    return fraction * lim / kp
 
 
 class ActionMap:

@@ -124,6 +124,10 @@ class Evaluate:
     out_dir: Path | None = None
     """Where metrics.json and metrics.md go (default: RUN/eval/CLIP, or RUN/eval/CLIP-HASH with options other than
     the defaults; eval/reference-CLIP[-HASH] for the baseline)."""
+    gap: bool = False
+    """Also measure where our simulator and MuJoCo part on this policy's own states: one control step of ours from
+    each state MuJoCo visited, split by foot contact, actuator saturation and joint limits (gap.json, gap.md;
+    docs/evaluation.md)."""
     force: bool = False
     """Replace the metrics.json and metrics.md of an earlier evaluation in the output folder (else refused)."""
     progress: bool = True
@@ -181,7 +185,23 @@ class Evaluate:
                 print(f"bcg evaluate: no video: {exc}", file=sys.stderr)
                 return 3
             print(f"wrote {path}")
+        if self.gap:
+            self._write_gap(policy, motion, env_kwargs, label, out)
         return 0
+
+    def _write_gap(self, policy: Any, motion: str, env_kwargs: dict[str, Any], label: str, out: Path) -> None:
+        from bcg.evaluation.sim_gap import one_step_gap, record_transitions
+        from bcg.sim import load_model
+
+        steps = record_transitions(policy, motion, self.options(), env_kwargs=env_kwargs, progress=self.progress)
+        params = {"kappa": env_kwargs.get("kappa"), "substeps": env_kwargs.get("substeps"),
+                  "dt": env_kwargs.get("sim_dt")}
+        model = load_model(**{k: v for k, v in params.items() if v is not None})
+        report = one_step_gap(steps, model, label=label)
+        (out / "gap.json").write_text(report.to_json() + "\n")
+        (out / "gap.md").write_text(report.to_markdown())
+        print(report.to_markdown())
+        print(f"wrote {out / 'gap.json'} and {out / 'gap.md'}")
 
 
 _RESULT_OPTIONS = ("phases", "seeds", "seconds", "joint_noise", "kappa")

@@ -299,7 +299,8 @@ def _bound_policy(policy: Any, env: G1TrackingVectorEnv) -> Policy:
 
 def replay(policy: Any, motion: Any, options: TransferOptions = TransferOptions(), *,
            simulator: Literal["mujoco", "bcg"] = "mujoco", progress: bool = False,
-           env_kwargs: dict[str, Any] | None = None) -> Rollout:
+           env_kwargs: dict[str, Any] | None = None,
+           transition_wrapper: Callable[[Any], Any] | None = None) -> Rollout:
     """Replay ``policy`` on ``motion`` (a packaged clip name, a path or a :class:`bcg.motion.Motion`) in one simulator.
 
     Args:
@@ -310,12 +311,16 @@ def replay(policy: Any, motion: Any, options: TransferOptions = TransferOptions(
         simulator: ``"mujoco"`` (C MuJoCo behind the env) or ``"bcg"`` (our simulator).
         progress: show a tqdm progress bar over the control steps.
         env_kwargs: further env options (``kappa``, ``action_scale``); ``options.kappa`` fills ``kappa``.
+        transition_wrapper: ``wrap(transition_fn) -> transition_fn`` put around the simulator's transition function
+            (it must forward the ``active`` attribute), e.g. :class:`bcg.evaluation.sim_gap.RecordingTransition`.
     """
     kw = dict(env_kwargs or {})
     if options.kappa is not None:
         kw["kappa"] = options.kappa
     E, K = options.num_episodes, options.phases
     env = make_env(motion, E, simulator=simulator, seconds=options.seconds, **kw)
+    if transition_wrapper is not None:
+        env.transition_fn = transition_wrapper(env.transition_fn)
     env.reset(seed=0)  # shapes and keys; every row is then replaced by its start state
     T_clip = env.num_frames
     frames = np.tile(start_frames(T_clip, K), len(options.seeds))

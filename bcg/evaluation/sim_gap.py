@@ -1,0 +1,224 @@
+"""Where our simulator and MuJoCo part on a policy's own states: the one-step gap.
+
+A policy is replayed in C MuJoCo (the protocol of :func:`bcg.evaluation.mujoco_transfer.replay`) and every control
+step it takes is recorded: the state (q, qd) [float64 of MuJoCo's], the PD targets and MuJoCo's next state. Our
+simulator then takes one control step from each recorded state with the same targets, and the difference of the next
+velocities is the one-step gap. Split by regime, it says which part of the model the two simulators disagree on,
+*in the states this policy visits*:
+
+* ``foot contact``: MuJoCo reports a normal impulse on a foot sphere in that step;
+* ``actuator saturated``: some actuator's PD torque kp (q* - q) - kd qd exceeds its torque limit (MuJoCo clamps it,
+  our simulator saturates it smoothly, 16 % lower at the limit; docs/simulator.md);
+* ``joint limit``: some joint ends MuJoCo's step within :data:`LIMIT_MARGIN` of its range or beyond it (MuJoCo's
+  limits are soft constraints, ours a hard guard);
+* ``none of these``: free flight of unsaturated joints inside their ranges.
+
+A second pass re-steps both simulators from the same states with every joint limit removed, which isolates the
+limits' share. The gap is measured on velocities because positions differ by only h times it after one step.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from bcg.evaluation.mujoco_transfer import TransferOptions, replay
+
+if TYPE_CHECKING:  # pragma: no cover
+    from bcg.sim.model import SimModel
+
+__all__ = ["GapReport", "LIMIT_MARGIN", "RecordingTransition", "Transitions", "one_step_gap", "record_transitions",
+           "restep_mujoco"]
+
+LIMIT_MARGIN = 0.01
+"""A joint whose position after the step lies within this of its range's end [rad] (or beyond) engages its limit."""
+
+
+@dataclass(frozen=True)
+class Transitions:
+    """K recorded control steps (float64 numpy): ``q`` [K, 36], ``qd`` [K, 35], ``targets`` [K, 29] [rad], the next
+    state ``q1``, ``qd1`` and the per-sphere normal ``impulse`` [K, 8] [N s] of the simulator that took them."""
+
+    q: np.ndarray
+    qd: np.ndarray
+    targets: np.ndarray
+    q1: np.ndarray
+    qd1: np.ndarray
+    impulse: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.q)
+
+
+class RecordingTransition:
+    """Wraps an env transition function and records the control steps of its active rows (:class:`Transitions`).
+
+    States are the env's float32 copies (MuJoCo keeps float64 between steps; the rounding, about 1e-7 relative, is
+    far below any gap worth reporting)."""
+
+    def __init__(self, inner: Callable[..., Any]):
+        self.inner = inner
+        self._steps: list[tuple[torch.Tensor, ...]] = []
+
+    @property
+    def active(self) -> torch.Tensor | None:
+        return self.inner.active
+
+    @active.setter
+    def active(self, value: torch.Tensor | None) -> None:
+        self.inner.active = value
+
+    def __call__(self, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor, physics: Any = None,
+                 *, env_ids: torch.Tensor, state: Any) -> Any:
+        q1, qd1, contact = self.inner(model, q, qd, targets, physics, env_ids=env_ids, state=state)
+        act = self.inner.active
+        rows = torch.ones(len(q), dtype=torch.bool) if act is None else act.cpu()[env_ids.cpu()]
+        self._steps.append(tuple(x.detach().cpu().double()[rows] for x in (q, qd, targets, q1, qd1, contact.impulse)))
+        return q1, qd1, contact
+
+    def transitions(self) -> Transitions:
+        """The recorded steps, stacked."""
+        if not self._steps:
+            raise ValueError("no control steps were recorded")
+        return Transitions(*(torch.cat([s[i] for s in self._steps]).numpy() for i in range(6)))
+
+
+def record_transitions(policy: Any, motion: Any, options: TransferOptions | None = None, *,
+                       simulator: str = "mujoco", env_kwargs: dict[str, Any] | None = None,
+                       progress: bool = False) -> Transitions:
+    """Replay ``policy`` on ``motion`` in ``simulator`` (:func:`~bcg.evaluation.mujoco_transfer.replay`, the same
+    episodes as ``bcg evaluate``; ``options`` default: :class:`TransferOptions`'s) and return every control step it
+    took."""
+    box: list[RecordingTransition] = []
+    options = TransferOptions() if options is None else options
+
+    def wrap(fn: Callable[..., Any]) -> RecordingTransition:
+        box.append(RecordingTransition(fn))
+        return box[-1]
+
+    replay(policy, motion, options, simulator=simulator, env_kwargs=env_kwargs, progress=progress,
+           transition_wrapper=wrap)
+    return box[0].transitions()
+
+
+def restep_mujoco(tr: Transitions, *, joint_limits: bool = True, substeps: int = 4,
+                  timestep: float = 0.005) -> np.ndarray:
+    """[K, 35] MuJoCo's velocities after one control step from each recorded state with its targets (solver warm
+    start cleared); ``joint_limits=False`` removes every joint limit of the MJCF first."""
+    from bcg.evaluation.mujoco_loop import MujocoLoop
+
+    loop = MujocoLoop(1, substeps=substeps, timestep=timestep)
+    if not joint_limits:
+        loop.model.jnt_limited[:] = 0
+    out = np.empty_like(tr.qd1)
+    for k in range(len(tr)):
+        loop.set_state(tr.q[k:k + 1], tr.qd[k:k + 1])
+        out[k] = loop.step(tr.targets[k:k + 1], contacts=False).qvel[0]
+    return out
+
+
+def _bcg_step(model: SimModel, tr: Transitions) -> np.ndarray:
+    from bcg.sim import step
+
+    f = torch.float32
+    with torch.no_grad():
+        _, qd1, _ = step(model, torch.as_tensor(tr.q, dtype=f), torch.as_tensor(tr.qd, dtype=f),
+                         torch.as_tensor(tr.targets, dtype=f))
+    return qd1.double().numpy()
+
+
+@dataclass(frozen=True)
+class GapRow:
+    """The one-step gap over the steps of one regime."""
+
+    regime: str
+    steps: int
+    joint_vel_rms: float
+    """RMS over steps and joints of the hinge-velocity difference [rad/s]."""
+    base_ang_vel: float
+    """Mean norm of the base angular-velocity difference [rad/s]."""
+    base_lin_vel: float
+    """Mean norm of the base linear-velocity difference [m/s]."""
+    joint_vel_rms_no_limits: float
+    """The same as ``joint_vel_rms`` with every joint limit removed in both simulators [rad/s]."""
+
+
+@dataclass(frozen=True)
+class GapReport:
+    """:func:`one_step_gap`'s result: one :class:`GapRow` per regime and the joints that differ most."""
+
+    label: str
+    rows: list[GapRow]
+    worst_joints: list[tuple[str, float]] = field(default_factory=list)
+    """(joint, RMS hinge-velocity difference [rad/s]) of the five joints that differ most, over all steps."""
+    shares: dict[str, float] = field(default_factory=dict)
+    """Share of the steps in each regime (they overlap)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def to_markdown(self) -> str:
+        lines = [f"# One-step gap, bcg - MuJoCo: {self.label}", "",
+                 "Our simulator steps once from each state MuJoCo visited under the policy, with the same targets; "
+                 "differences of the next velocities (mean over steps).", "",
+                 "| steps | count | share | joint vel. RMS [rad/s] | base ang. vel. [rad/s] | base lin. vel. [m/s] "
+                 "| joint vel. RMS, no joint limits [rad/s] |", "|---|---|---|---|---|---|---|"]
+        for r in self.rows:
+            share = self.shares.get(r.regime, 1.0)
+            lines.append(f"| {r.regime} | {r.steps} | {share:.2f} | {r.joint_vel_rms:.3f} | {r.base_ang_vel:.3f} | "
+                         f"{r.base_lin_vel:.3f} | {r.joint_vel_rms_no_limits:.3f} |")
+        worst = ", ".join(f"{name} {v:.2f}" for name, v in self.worst_joints)
+        return "\n".join(lines + ["", f"Joints that differ most (RMS [rad/s]): {worst}", ""])
+
+
+def one_step_gap(tr: Transitions, model: SimModel | None = None, *, label: str = "",
+                 limit_ablation: bool = True) -> GapReport:
+    """The one-step gap of our simulator (``model``, default :func:`bcg.sim.load_model`) on recorded MuJoCo steps
+    ``tr``, split by regime (module docstring). ``limit_ablation=False`` skips the second pass without limits."""
+    from bcg.sim import load_model
+
+    model = model or load_model()
+    if len(tr) == 0:
+        raise ValueError("no recorded steps to compare")
+    ours = _bcg_step(model, tr)
+    if limit_ablation:
+        free_ours = _bcg_step(model.without_joint_limits(), tr)
+        free_mj = restep_mujoco(tr, joint_limits=False, substeps=model.params.substeps, timestep=model.params.dt)
+        free_err = free_ours - free_mj
+    else:
+        free_err = np.full_like(ours, np.nan)
+    err = ours - tr.qd1
+    kp, kd, lim = (np.asarray(x, dtype=np.float64) for x in (model.kp, model.kd, model.torque_limit))
+    u = kp * (tr.targets - tr.q[:, 7:]) - kd * tr.qd[:, 6:]
+    saturated = (np.abs(u) > lim).any(1)
+    rng = np.asarray(model.dof_range, dtype=np.float64)[-model.nu:]
+    limited = np.asarray(model.dof_limited, dtype=bool)[-model.nu:]
+    qj = tr.q1[:, 7:]
+    at_limit = (((qj < rng[:, 0] + LIMIT_MARGIN) | (qj > rng[:, 1] - LIMIT_MARGIN)) & limited).any(1)
+    contact = tr.impulse.sum(1) > 0
+    regimes = {"all": np.ones(len(tr), dtype=bool), "foot contact": contact, "no foot contact": ~contact,
+               "actuator saturated": saturated, "joint limit": at_limit,
+               "none of these": ~(contact | saturated | at_limit)}
+    rows = []
+    for name, sel in regimes.items():
+        n = int(sel.sum())
+        if n == 0:
+            rows.append(GapRow(name, 0, float("nan"), float("nan"), float("nan"), float("nan")))
+            continue
+        e, fe = err[sel], free_err[sel]
+        rows.append(GapRow(name, n, float(np.sqrt((e[:, 6:] ** 2).mean())),
+                           float(np.linalg.norm(e[:, 3:6], axis=1).mean()),
+                           float(np.linalg.norm(e[:, :3], axis=1).mean()), float(np.sqrt((fe[:, 6:] ** 2).mean()))))
+    per_joint = np.sqrt((err[:, 6:] ** 2).mean(0))
+    names = list(model.joint_names)
+    worst = [(names[j], float(per_joint[j])) for j in np.argsort(-per_joint)[:5]]
+    shares = {name: float(sel.mean()) for name, sel in regimes.items()}
+    return GapReport(label, rows, worst, shares)
