@@ -165,6 +165,7 @@ def policy_export(mean_net: nn.Sequential, obs_mean: torch.Tensor, obs_var: torc
                    "sha256": file_sha256(env.motion.source) if Path(env.motion.source).is_file() else None},
         "control_dt": float(env.control_dt),
         "env": {"kappa": cfg.kappa, "substeps": cfg.substeps, "sim_dt": cfg.sim_dt, "ref_steps": cfg.ref_steps,
+                "soft_contact_timeconst": cfg.soft_contact_timeconst, "contact_beta": cfg.contact_beta,
                 "domain_randomization": cfg.domain_randomization is not False},
     }
     tensors.update({"obs_mean": obs_mean, "obs_var": obs_var,

@@ -175,6 +175,11 @@ class TrainConfig:
     """Torch / Warp device of the environment and the networks: cpu or cuda[:K]."""
     kappa: float | None = None
     """Contact stiffness of the simulator [1/m] (None: the simulator's default, 300)."""
+    soft_contact_timeconst: float | None = None
+    """Brake contact impacts over several substeps as MuJoCo's soft contact does, with this time constant [s] (0.02:
+    MuJoCo's default, where policies are evaluated; docs/simulator.md); None: stopped within one substep."""
+    contact_beta: float | None = None
+    """Baumgarte factor of the contacts in [0, 1] (None: the simulator's 0.5); lower is a softer ground."""
     domain_randomization: bool = False
     """Randomise physics, pushes, latency and observation noise (docs/envs.md ranges)."""
     max_episode_steps: int | None = None
@@ -291,6 +296,7 @@ class TrainConfig:
 
             scale = tuple(float(x) for x in torque_action_scale(g1.KP, g1.TORQUE_LIMITS, self.action_scale_torque))
         return EnvConfig(motion_file=self.motion, kappa=self.kappa, device=self.device,
+                         soft_contact_timeconst=self.soft_contact_timeconst, contact_beta=self.contact_beta,
                          differentiable=self.agent == "shac", domain_randomization=bool(self.domain_randomization),
                          max_episode_steps=self.max_episode_steps, action_offset=offset, action_scale=scale,
                          **{name: getattr(self, name) for name in LAYER_FIELDS})
@@ -840,7 +846,8 @@ def policy_evaluator(cfg: TrainConfig) -> Callable[[Any], dict[str, float]]:
 
     env_cfg = cfg.env_config()
     options = TransferOptions(phases=cfg.eval_episodes, seeds=(0,), seconds=float(cfg.eval_seconds))
-    kwargs = {k: getattr(env_cfg, k) for k in ("kappa", "substeps", "sim_dt", "action_offset", "action_scale")
+    kwargs = {k: getattr(env_cfg, k) for k in ("kappa", "substeps", "sim_dt", "action_offset", "action_scale",
+                                                 "soft_contact_timeconst", "contact_beta")
               if getattr(env_cfg, k) is not None}
 
     def evaluate(agent: Any) -> dict[str, float]:

@@ -80,6 +80,11 @@ class EnvConfig:
     """Motion file format (lafan1: CSV at 30 FPS; g1moves: CSV at 60 FPS)."""
     kappa: float | None = None
     """Contact stiffness of the simulator [1/m] (None: the simulator's default, 300)."""
+    soft_contact_timeconst: float | None = None
+    """Time constant [s] of the soft normal contact (MuJoCo's solref[0]; 0.02 is MuJoCo's default): impacts are
+    braked over several substeps as in MuJoCo; None: stopped within one (bcg.sim.ContactParams.soft_timeconst)."""
+    contact_beta: float | None = None
+    """Baumgarte factor of the contacts in [0, 1] (None: the simulator's 0.5); lower is a softer ground."""
     substeps: int | None = None
     """Physics substeps per control step (None: 4)."""
     sim_dt: float | None = None
@@ -147,10 +152,19 @@ class EnvConfig:
         object.__setattr__(self, "ref_steps", check_count("ref_steps", self.ref_steps))
         if self.substeps is not None:
             object.__setattr__(self, "substeps", check_count("substeps", self.substeps))
-        for name in ("kappa", "sim_dt", "motion_fps"):
+        if self.contact_beta is not None and not (isinstance(self.contact_beta, numbers.Real)
+                                                  and 0 <= self.contact_beta <= 1):
+            raise ValueError(f"contact_beta must be a number in [0, 1] or None, got {self.contact_beta!r}")
+        for name in ("kappa", "sim_dt", "motion_fps", "soft_contact_timeconst"):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
                 raise ValueError(f"{name} must be a finite number > 0 or None, got {v!r}")
+        from bcg.sim import ContactParams
+
+        h = ContactParams.dt if self.sim_dt is None else float(self.sim_dt)
+        if self.soft_contact_timeconst is not None and self.soft_contact_timeconst < 2 * h:
+            raise ValueError(f"soft_contact_timeconst must be at least twice the physics substep ({2 * h:g} s), got "
+                             f"{self.soft_contact_timeconst!r}")
         for name in ("termination_height", "termination_distance", "state_limit"):
             v = getattr(self, name)
             if not (isinstance(v, numbers.Real) and math.isfinite(v)):

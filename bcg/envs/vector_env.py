@@ -136,6 +136,10 @@ class G1TrackingVectorEnv(VectorEnv):
         params: dict[str, Any] = {}
         if cfg.kappa is not None:
             params["kappa"] = float(cfg.kappa)
+        if cfg.soft_contact_timeconst is not None:
+            params["soft_timeconst"] = float(cfg.soft_contact_timeconst)
+        if cfg.contact_beta is not None:
+            params["beta"] = float(cfg.contact_beta)
         if cfg.substeps is not None:
             params["substeps"] = int(cfg.substeps)
         if cfg.sim_dt is not None:

@@ -67,7 +67,8 @@ def load_source(source: str, motion: str | None) -> tuple[Any, str, dict[str, An
                                   "action_offset": policy.action_offset}
     # the dynamics options the policy was trained with (None: the env's default): contact stiffness for our
     # simulator's replay, and the substep and substep count, hence the control rate, for both simulators
-    for key, cast in (("kappa", float), ("substeps", int), ("sim_dt", float)):
+    for key, cast in (("kappa", float), ("substeps", int), ("sim_dt", float), ("soft_contact_timeconst", float),
+                      ("contact_beta", float)):
         value = policy.meta.get("env", {}).get(key)
         if value is not None:
             env_kwargs[key] = cast(value)
@@ -195,7 +196,8 @@ class Evaluate:
 
         steps = record_transitions(policy, motion, self.options(), env_kwargs=env_kwargs, progress=self.progress)
         params = {"kappa": env_kwargs.get("kappa"), "substeps": env_kwargs.get("substeps"),
-                  "dt": env_kwargs.get("sim_dt")}
+                  "dt": env_kwargs.get("sim_dt"), "soft_timeconst": env_kwargs.get("soft_contact_timeconst"),
+                  "beta": env_kwargs.get("contact_beta")}
         model = load_model(**{k: v for k, v in params.items() if v is not None})
         report = one_step_gap(steps, model, label=label)
         (out / "gap.json").write_text(report.to_json() + "\n")

@@ -445,13 +445,18 @@ def contact_setup(
     # from factor_free
     L: wp.array3d(dtype=float),
     v_free: wp.array2d(dtype=float),
+    # the substep's start velocity (read by the soft contact's bias only)
+    qd: wp.array2d(dtype=float),
     # parameters
     kappa: float,
-    beta: float,
+    g_free: float,
+    g_start: float,
+    g_depth: float,
     dt: float,
     # outputs (each written once per substep)
     J_foot: wp.array3d(dtype=float),
     foot_twist: wp.array2d(dtype=wp.spatial_vector),
+    foot_twist0: wp.array2d(dtype=wp.spatial_vector),
     Y: wp.array3d(dtype=float),
     Y_tmp: wp.array3d(dtype=float),
     Lam: wp.array3d(dtype=float),
@@ -483,13 +488,16 @@ def contact_setup(
         for m6 in range(6):
             J_foot[e, 6 * f + m6, a0] = S0[m6]
         t = S0 * v_free[e, a0]
+        t0 = S0 * qd[e, a0]
         for k in range(dof_ancestor_count[a0]):
             b = dof_ancestors[a0, k]
             S_b = S[e, b]
             for m6 in range(6):
                 J_foot[e, 6 * f + m6, b] = S_b[m6]
             t = t + S_b * v_free[e, b]
+            t0 = t0 + S_b * qd[e, b]
         foot_twist[e, f] = t
+        foot_twist0[e, f] = t0
     z_root = q[e, 2]
     for c in range(nc):
         f = sphere_foot[c]
@@ -506,8 +514,9 @@ def contact_setup(
             r = 3 * c + k
             G[e, r] = G_r
             w_r = wp.dot(G_r, foot_twist[e, f])
-            if k == 0:
-                w_r = w_r - beta * wp.clamp(d, 0.0, PUSH_OUT_DEPTH) / dt
+            if k == 0:  # the normal row's bias (ContactParams.normal_bias_gains: Baumgarte or soft)
+                w_r = (g_free * w_r + g_start * wp.dot(G_r, foot_twist0[e, f])
+                       - g_depth * wp.clamp(d, 0.0, PUSH_OUT_DEPTH) / dt)
             w[e, r] = w_r
     # Y = L^-T J_foot^T: solving L^T Y_r = J_r^T only touches the foot's own chain (Y is zero elsewhere)
     # (the six rows of a foot together, as one spatial vector: each entry of L is loaded once for all six)

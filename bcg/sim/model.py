@@ -51,6 +51,13 @@ class ContactParams:
     and keeps the standing lean within MuJoCo's (0.2 was 2.5x softer and leaned 7 mm back in the first second)."""
     mu: float = 0.8
     """Coulomb friction coefficient of the foot spheres against the ground."""
+    soft_timeconst: float = 0.0
+    """Time constant [s] of the soft normal contact (MuJoCo's solref[0], 0.02 there); 0: none. With it, a penetrating
+    sphere's approach is braked over several substeps as MuJoCo's soft constraint does (at rate 2 / soft_timeconst,
+    resisting a share soft_impedance of the free motion) instead of being stopped within one; the depth is still
+    pushed out at beta d / h (docs/simulator.md, *Soft normal contact*). Must be >= 2 dt when set (MuJoCo's rule)."""
+    soft_impedance: float = 0.95
+    """Share of the free normal motion a soft contact resists (MuJoCo's solimp d; 0.95 its default d_max)."""
     iterations: int = 10
     """Projected Gauss-Seidel sweeps of the contact solve (fixed, no early exit)."""
     substeps: int = 4
@@ -88,6 +95,9 @@ class ContactParams:
             "kappa": finite(self.kappa) and self.kappa > 0,
             "beta": finite(self.beta) and 0 <= self.beta <= 1,
             "mu": finite(self.mu) and self.mu >= 0,
+            "soft_timeconst": finite(self.soft_timeconst) and (self.soft_timeconst == 0
+                                                                or self.soft_timeconst >= 2 * self.dt),
+            "soft_impedance": finite(self.soft_impedance) and 0 < self.soft_impedance < 1,
             "iterations": is_int(self.iterations) and self.iterations >= 1,
             "substeps": is_int(self.substeps) and self.substeps >= 1,
             "dt": finite(self.dt) and self.dt > 0,
@@ -102,6 +112,8 @@ class ContactParams:
             "kappa": "a finite value > 0 [1/m]",
             "beta": "a value in [0, 1]",
             "mu": "a finite value >= 0",
+            "soft_timeconst": "0 (Baumgarte contact) or a finite value >= 2 dt [s]",
+            "soft_impedance": "a value in (0, 1)",
             "iterations": "an integer >= 1",
             "substeps": "an integer >= 1",
             "dt": "a finite value > 0 [s]",
@@ -115,6 +127,18 @@ class ContactParams:
         for name, ok in checks.items():
             if not ok:
                 raise ValueError(f"ContactParams.{name} must be {expected[name]}, got {getattr(self, name)!r}")
+
+    def normal_bias_gains(self) -> tuple[float, float, float]:
+        """(g_free, g_start, g_depth) of a normal contact row's velocity bias
+        w = g_free J v_free + g_start J v_0 - g_depth clamp(d) / h, the row asking J v_next = J v_free - w (v_free:
+        the substep's velocity without contact, v_0: its start velocity, d: penetration, h: substep):
+        (1, 0, beta) without soft contact (J v_next = beta d / h); with impedance i and time constant T,
+        (i, 2 h / T - i, beta), so that J v_next = (1 - i) J v_free + i (1 - 2 h / (i T)) J v_0 + beta d / h: the
+        velocity part of MuJoCo's reference acceleration a_ref = -(2 / (i T)) J v_0, and the Baumgarte push-out."""
+        if self.soft_timeconst == 0:
+            return 1.0, 0.0, float(self.beta)
+        i, t, h = float(self.soft_impedance), float(self.soft_timeconst), float(self.dt)
+        return i, 2.0 * h / t - i, float(self.beta)
 
     @property
     def control_dt(self) -> float:

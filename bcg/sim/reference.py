@@ -389,8 +389,11 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
             Jr = (G[:, :, None] * J_f).sum(1)
             rows_J.append(Jr)
             w = (Jr * vs).sum(-1)
-            if k == 0:
-                w = w - p.beta * torch.clamp(d, min=0.0, max=PUSH_OUT_DEPTH) / dt
+            if k == 0:  # the normal row's bias: Baumgarte or soft (ContactParams.normal_bias_gains)
+                g_free, g_start, g_depth = p.normal_bias_gains()
+                w = g_free * w - g_depth * torch.clamp(d, min=0.0, max=PUSH_OUT_DEPTH) / dt
+                if g_start != 0.0:
+                    w = w + g_start * (Jr * qd).sum(-1)
             rows_w.append(w)
     if nc:
         J = torch.stack(rows_J, 1)  # [N, nr, nv]
