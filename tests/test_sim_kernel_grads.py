@@ -40,23 +40,28 @@ KERNEL_TOLERANCE = {  # about 2-3x the largest relative error measured over seed
 }
 
 
-@pytest.fixture(scope="module")
-def contact_substep(g1_model):
+def _contact_arrays(model):
     """Arrays of one control step from a perturbed standing state with the feet loaded and sliding slightly."""
     rng = np.random.default_rng(0)
     n = 2
     q = np.tile(g1.default_qpos(), (n, 1))
     q[:, 2] -= 0.0025  # 2.5 mm into the ground (no sphere within 0.3 mm of the Baumgarte kink at d = 0)
     q[:, 7:] += rng.normal(scale=0.05, size=(n, 29))
-    qd = rng.normal(scale=0.2, size=(n, g1_model.nv))
+    qd = rng.normal(scale=0.2, size=(n, model.nv))
     targets = np.tile(g1.DEFAULT_JOINT_POS, (n, 1)) + rng.normal(scale=0.1, size=(n, 29))
-    arrs = StepArrays(g1_model, n, requires_grad=True)
+    arrs = StepArrays(model, n, requires_grad=True)
     for dst, src in ((arrs.q[0], q), (arrs.qd[0], qd), (arrs.targets, targets)):
         wp.copy(dst, wp.array(src.astype(np.float32), dtype=float))
-    run_control_step(g1_model, arrs)
+    run_control_step(model, arrs)
     # the finite differences below must not straddle the kink of max(d, 0) in the Baumgarte term
     assert np.abs(arrs.sub[0]["depth"].numpy()).min() > 3e-4
     return arrs
+
+
+@pytest.fixture(scope="module")
+def contact_substep(g1_model):
+    """:func:`_contact_arrays` of the default model."""
+    return _contact_arrays(g1_model)
 
 
 @pytest.fixture(scope="module")
@@ -67,20 +72,8 @@ def soft_model(g1_model):
 
 @pytest.fixture(scope="module")
 def soft_contact_substep(soft_model):
-    """:func:`contact_substep`'s state, stepped with the soft normal contact."""
-    rng = np.random.default_rng(0)
-    n = 2
-    q = np.tile(g1.default_qpos(), (n, 1))
-    q[:, 2] -= 0.0025
-    q[:, 7:] += rng.normal(scale=0.05, size=(n, 29))
-    qd = rng.normal(scale=0.2, size=(n, soft_model.nv))
-    targets = np.tile(g1.DEFAULT_JOINT_POS, (n, 1)) + rng.normal(scale=0.1, size=(n, 29))
-    arrs = StepArrays(soft_model, n, requires_grad=True)
-    for dst, src in ((arrs.q[0], q), (arrs.qd[0], qd), (arrs.targets, targets)):
-        wp.copy(dst, wp.array(src.astype(np.float32), dtype=float))
-    run_control_step(soft_model, arrs)
-    assert np.abs(arrs.sub[0]["depth"].numpy()).min() > 3e-4
-    return arrs
+    """:func:`_contact_arrays` stepped with the soft normal contact."""
+    return _contact_arrays(soft_model)
 
 
 @pytest.mark.parametrize("name", ["contact_setup", "pgs", "apply_contact"])

@@ -98,15 +98,12 @@ def test_warp_gradient_equals_float64_reference_gradient(g1_model):
     assert rel < 5e-5, rel  # measured 1.5e-5
 
 
-@pytest.mark.parametrize("kappa", [50.0, 300.0])
-def test_warp_trajectory_equals_float64_reference(g1_model, kappa):
-    """Forward agreement over the same 32 steps: states and per-sphere impulses, Warp float32 vs torch float64."""
-    model = g1_model.with_params(kappa=kappa)
+def trajectory_errors(model) -> tuple[float, float]:
+    """Largest |q| difference [m, rad] and largest per-sphere impulse difference [N s] between the Warp float32
+    and the torch float64 rollouts of the stepping scenario (seed 11) over T steps."""
     targets = _targets(model, torch.Generator().manual_seed(11))
-    q_w = torch.tensor(g1.default_qpos(), dtype=torch.float32)[None]
-    qd_w = torch.zeros(1, model.nv)
-    q_r = torch.tensor(g1.default_qpos())[None]
-    qd_r = torch.zeros(1, model.nv, dtype=torch.float64)
+    q_w, qd_w = torch.tensor(g1.default_qpos(), dtype=torch.float32)[None], torch.zeros(1, model.nv)
+    q_r, qd_r = torch.tensor(g1.default_qpos())[None], torch.zeros(1, model.nv, dtype=torch.float64)
     worst_q = worst_imp = 0.0
     with torch.no_grad():
         for t in range(T):
@@ -114,6 +111,14 @@ def test_warp_trajectory_equals_float64_reference(g1_model, kappa):
             q_r, qd_r, rep_r = reference.step(model, q_r, qd_r, targets[:, t])
             worst_q = max(worst_q, float((q_w.double() - q_r).abs().max()))
             worst_imp = max(worst_imp, float((rep_w.impulse.double() - rep_r.impulse).abs().max()))
+    return worst_q, worst_imp
+
+
+@pytest.mark.parametrize("kappa", [50.0, 300.0])
+def test_warp_trajectory_equals_float64_reference(g1_model, kappa):
+    """Forward agreement over the same 32 steps: states and per-sphere impulses, Warp float32 vs torch float64."""
+    model = g1_model.with_params(kappa=kappa)
+    worst_q, worst_imp = trajectory_errors(model)
     weight_impulse = model.total_mass * 9.81 * model.params.control_dt
     # measured: q 2.9e-6 / 5.7e-6 at kappa 50 / 300 (9.0e-7 / 1.4e-6 before the per-foot contact compliance,
     # 2.9e-6 / 4.6e-6 before the torque-speed envelope); impulses 1.2e-5 / 2.3e-5 of m g dt

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from test_sim_rollout_grads import T, _reference_fd, _targets, _warp_gradient
+from test_sim_rollout_grads import T, _reference_fd, _targets, _warp_gradient, trajectory_errors
 
 from bcg.evaluation.contact_scenarios import SCENARIOS, metrics, run_bcg, run_mujoco
-from bcg.robots import g1
-from bcg.sim import load_model, reference, step
+from bcg.sim import load_model
 from bcg.sim.model import ContactParams
 
 SOFT = {"soft_timeconst": 0.02}
@@ -48,16 +47,7 @@ def test_soft_contact_rollout_gradient_matches_finite_differences(g1_model, para
 
 def test_soft_contact_warp_trajectory_equals_float64_reference(g1_model):
     model = g1_model.with_params(**SOFT)
-    targets = _targets(model, torch.Generator().manual_seed(11))
-    q_w, qd_w = torch.tensor(g1.default_qpos(), dtype=torch.float32)[None], torch.zeros(1, model.nv)
-    q_r, qd_r = torch.tensor(g1.default_qpos())[None], torch.zeros(1, model.nv, dtype=torch.float64)
-    worst_q = worst_imp = 0.0
-    with torch.no_grad():
-        for t in range(T):
-            q_w, qd_w, rep_w = step(model, q_w, qd_w, targets[:, t].float())
-            q_r, qd_r, rep_r = reference.step(model, q_r, qd_r, targets[:, t])
-            worst_q = max(worst_q, float((q_w.double() - q_r).abs().max()))
-            worst_imp = max(worst_imp, float((rep_w.impulse.double() - rep_r.impulse).abs().max()))
+    worst_q, worst_imp = trajectory_errors(model)
     weight_impulse = model.total_mass * 9.81 * model.params.control_dt
     assert worst_q < 8e-6, worst_q  # measured 4.2e-6
     assert worst_imp < 1e-4 * weight_impulse, worst_imp  # measured 5.3e-5 of m g dt
