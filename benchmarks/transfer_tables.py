@@ -19,7 +19,8 @@ from typing import Any
 def settings(cfg: dict[str, Any]) -> str:
     """The options that set a run apart from the cpu-small defaults, in `bcg train` flag names."""
     est = cfg.get("estimator")
-    parts = [f"--estimator {est['name'] if isinstance(est, dict) else est}"]
+    parts = (["--agent ppo"] if cfg.get("agent") == "ppo"
+             else [f"--estimator {est['name'] if isinstance(est, dict) else est}"])
     flags = {"domain_randomization": "--domain-randomization", "adaptive_start": "--adaptive-start"}
     parts += [flag for key, flag in flags.items() if cfg.get(key)]
     for key in ("action_scale_torque", "termination_anchor_height", "termination_gravity_z",
