@@ -1,7 +1,7 @@
 """The whole-clip transfer table of docs/shac.md (*Policies in MuJoCo*), regenerated from the kept runs.
 
 ``benchmarks/results/stay_up/RUN/`` holds, for every training run the table quotes, its ``config.json``, its
-``metrics.csv`` and ``eval_jump.json``: the ``metrics.json`` of ``bcg evaluate RUN`` (the default protocol, 8
+``metrics.csv`` and ``eval_CLIP.json``: the ``metrics.json`` of ``bcg evaluate RUN`` (the default protocol, 8
 episodes through the whole clip, in MuJoCo and in our simulator). The checkpoints and policies are left out for size.
 
     python benchmarks/transfer_tables.py [--dir benchmarks/results/stay_up]
@@ -36,17 +36,19 @@ def last_row(run: Path) -> dict[str, str]:
 
 
 def table(root: Path) -> str:
-    lines = ["| run | settings | iterations | samples | training [s] | MuJoCo: falls of 8, mean episode [s], "
-             "E_track [cm] | ours: falls, mean episode, E_track |", "|---|---|---|---|---|---|---|"]
-    for run in sorted(p for p in root.iterdir() if (p / "eval_jump.json").is_file()):
+    lines = ["| run | clip | settings | iterations | samples | training [s] | MuJoCo: falls of 8, mean episode [s], "
+             "E_track [cm] | ours: falls, mean episode, E_track |", "|---|---|---|---|---|---|---|---|"]
+    for run in sorted(p for p in root.iterdir() if any(p.glob("eval_*.json"))):
         cfg = json.loads((run / "config.json").read_text())
-        ev = json.loads((run / "eval_jump.json").read_text())
+        evals = sorted(run.glob("eval_*.json"))
+        ev = json.loads(evals[0].read_text())
+        clip = evals[0].stem.removeprefix("eval_")
         last = last_row(run)
         cols = []
         for sim in ("mujoco", "bcg"):
             m = ev[sim]
             cols.append(f"{m['falls']}, {m['mean_episode_seconds']:.1f}, {m['e_track_cm']:.1f}")
-        lines.append(f"| {run.name} | {settings(cfg)} | {last['iteration']} | {int(float(last['samples']))} | "
+        lines.append(f"| {run.name} | {clip} | {settings(cfg)} | {last['iteration']} | {int(float(last['samples']))} | "
                      f"{float(last['wall_time_s']):.0f} | {cols[0]} | {cols[1]} |")
     return "\n".join(lines)
 
