@@ -246,14 +246,10 @@ class TrainConfig:
         if not (isinstance(self.eval_seconds, numbers.Real) and math.isfinite(self.eval_seconds)
                 and self.eval_seconds > 0):
             raise ValueError(f"eval_seconds must be a finite number > 0, got {self.eval_seconds!r}")
-        if self.action_scale is not None and not (isinstance(self.action_scale, numbers.Real)
-                                                  and math.isfinite(self.action_scale) and self.action_scale > 0):
-            raise ValueError(f"action_scale must be a finite number > 0 [rad] or None, got {self.action_scale!r}")
-        if self.action_scale_torque is not None and not (
-                isinstance(self.action_scale_torque, numbers.Real) and math.isfinite(self.action_scale_torque)
-                and self.action_scale_torque > 0):
-            raise ValueError("action_scale_torque must be a finite number > 0 or None, got "
-                             f"{self.action_scale_torque!r}")
+        for name, unit in (("action_scale", " [rad]"), ("action_scale_torque", "")):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
+                raise ValueError(f"{name} must be a finite number > 0{unit} or None, got {v!r}")
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or not 0 <= self.seed < 2**63:
             raise ValueError(f"seed must be an integer in [0, 2^63 - 1], got {self.seed!r}")
         if self.torch_threads is not None:
@@ -842,12 +838,12 @@ def policy_evaluator(cfg: TrainConfig) -> Callable[[Any], dict[str, float]]:
     the protocol of `bcg evaluate`, without gradients and with the run's dynamics and action map)."""
     # the replay protocol lives with the evaluation; importing it lazily keeps agents importable without it
     from bcg.agents.export import ExportedPolicy
+    from bcg.envs.config import DYNAMICS_FIELDS
     from bcg.evaluation.mujoco_transfer import TransferOptions, replay
 
     env_cfg = cfg.env_config()
     options = TransferOptions(phases=cfg.eval_episodes, seeds=(0,), seconds=float(cfg.eval_seconds))
-    kwargs = {k: getattr(env_cfg, k) for k in ("kappa", "substeps", "sim_dt", "action_offset", "action_scale",
-                                                 "soft_contact_timeconst", "contact_beta")
+    kwargs = {k: getattr(env_cfg, k) for k in ("action_offset", "action_scale", *DYNAMICS_FIELDS)
               if getattr(env_cfg, k) is not None}
 
     def evaluate(agent: Any) -> dict[str, float]:

@@ -16,7 +16,11 @@ from typing import Any, Literal
 
 from bcg.envs.randomization import DomainRandomization
 
-__all__ = ["LAYER_FIELDS", "EnvConfig", "ObservationNoise", "check_count"]
+__all__ = ["DYNAMICS_FIELDS", "LAYER_FIELDS", "EnvConfig", "ObservationNoise", "check_count"]
+
+DYNAMICS_FIELDS: tuple[str, ...] = ("kappa", "substeps", "sim_dt", "soft_contact_timeconst", "contact_beta")
+"""The EnvConfig fields that set the simulator's dynamics (None: its default). Policy files record them, and a
+replay of a policy uses them (:meth:`EnvConfig.sim_params` maps them onto :class:`bcg.sim.ContactParams`)."""
 
 LAYER_FIELDS: tuple[str, ...] = (
     "termination_anchor_height", "termination_gravity_z", "termination_end_effector_height", "adaptive_start",
@@ -207,6 +211,14 @@ class EnvConfig:
         if dr is False:
             return DomainRandomization.off()
         return dr
+
+    def sim_params(self) -> dict[str, Any]:
+        """The :func:`bcg.sim.load_model` parameters of the :data:`DYNAMICS_FIELDS` that are set (the others keep
+        the simulator's defaults)."""
+        names = {"kappa": ("kappa", float), "substeps": ("substeps", int), "sim_dt": ("dt", float),
+                 "soft_contact_timeconst": ("soft_timeconst", float), "contact_beta": ("beta", float)}
+        return {param: cast(getattr(self, field)) for field, (param, cast) in names.items()
+                if getattr(self, field) is not None}
 
     @staticmethod
     def from_kwargs(config: EnvConfig | None = None, **kwargs: Any) -> EnvConfig:

@@ -133,17 +133,7 @@ class G1TrackingVectorEnv(VectorEnv):
             cfg = dataclasses.replace(cfg, motion_file=default_motion)
         self.config = cfg
         """The :class:`EnvConfig` this environment was made with."""
-        params: dict[str, Any] = {}
-        if cfg.kappa is not None:
-            params["kappa"] = float(cfg.kappa)
-        if cfg.soft_contact_timeconst is not None:
-            params["soft_timeconst"] = float(cfg.soft_contact_timeconst)
-        if cfg.contact_beta is not None:
-            params["beta"] = float(cfg.contact_beta)
-        if cfg.substeps is not None:
-            params["substeps"] = int(cfg.substeps)
-        if cfg.sim_dt is not None:
-            params["dt"] = float(cfg.sim_dt)
+        params = cfg.sim_params()
         self.num_envs = num_envs
         self.device = torch.device(cfg.device)
         self.differentiable = bool(cfg.differentiable)

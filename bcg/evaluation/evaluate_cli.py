@@ -67,11 +67,12 @@ def load_source(source: str, motion: str | None) -> tuple[Any, str, dict[str, An
                                   "action_offset": policy.action_offset}
     # the dynamics options the policy was trained with (None: the env's default): contact stiffness for our
     # simulator's replay, and the substep and substep count, hence the control rate, for both simulators
-    for key, cast in (("kappa", float), ("substeps", int), ("sim_dt", float), ("soft_contact_timeconst", float),
-                      ("contact_beta", float)):
+    from bcg.envs.config import DYNAMICS_FIELDS
+
+    for key in DYNAMICS_FIELDS:
         value = policy.meta.get("env", {}).get(key)
         if value is not None:
-            env_kwargs[key] = cast(value)
+            env_kwargs[key] = int(value) if key == "substeps" else float(value)
     return policy, motion, env_kwargs, run_dir / "eval", str(file)
 
 
@@ -192,14 +193,10 @@ class Evaluate:
 
     def _write_gap(self, policy: Any, motion: str, env_kwargs: dict[str, Any], label: str, out: Path) -> None:
         from bcg.evaluation.sim_gap import one_step_gap, record_transitions
-        from bcg.sim import load_model
 
+        # the steps carry the replay env's own model: our simulator re-steps them with the policy's dynamics
         steps = record_transitions(policy, motion, self.options(), env_kwargs=env_kwargs, progress=self.progress)
-        params = {"kappa": env_kwargs.get("kappa"), "substeps": env_kwargs.get("substeps"),
-                  "dt": env_kwargs.get("sim_dt"), "soft_timeconst": env_kwargs.get("soft_contact_timeconst"),
-                  "beta": env_kwargs.get("contact_beta")}
-        model = load_model(**{k: v for k, v in params.items() if v is not None})
-        report = one_step_gap(steps, model, label=label)
+        report = one_step_gap(steps, label=label)
         (out / "gap.json").write_text(report.to_json() + "\n")
         (out / "gap.md").write_text(report.to_markdown())
         print(report.to_markdown())

@@ -50,6 +50,8 @@ class Transitions:
     q1: np.ndarray
     qd1: np.ndarray
     impulse: np.ndarray
+    model: SimModel | None = None
+    """The replay env's model (its contact and integration parameters): what :func:`one_step_gap` re-steps with."""
 
     def __len__(self) -> int:
         return len(self.q)
@@ -63,6 +65,7 @@ class RecordingTransition:
 
     def __init__(self, inner: Callable[..., Any]):
         self.inner = inner
+        self.model: SimModel | None = None
         self._steps: list[tuple[torch.Tensor, ...]] = []
 
     @property
@@ -76,6 +79,7 @@ class RecordingTransition:
     def __call__(self, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor, physics: Any = None,
                  *, env_ids: torch.Tensor, state: Any) -> Any:
         q1, qd1, contact = self.inner(model, q, qd, targets, physics, env_ids=env_ids, state=state)
+        self.model = model
         act = self.inner.active
         rows = torch.ones(len(q), dtype=torch.bool) if act is None else act.cpu()[env_ids.cpu()]
         self._steps.append(tuple(x.detach().cpu().double()[rows] for x in (q, qd, targets, q1, qd1, contact.impulse)))
@@ -85,7 +89,7 @@ class RecordingTransition:
         """The recorded steps, stacked."""
         if not self._steps:
             raise ValueError("no control steps were recorded")
-        return Transitions(*(torch.cat([s[i] for s in self._steps]).numpy() for i in range(6)))
+        return Transitions(*(torch.cat([s[i] for s in self._steps]).numpy() for i in range(6)), model=self.model)
 
 
 def record_transitions(policy: Any, motion: Any, options: TransferOptions | None = None, *,
@@ -156,11 +160,15 @@ class GapReport:
     rows: list[GapRow]
     worst_joints: list[tuple[str, float]] = field(default_factory=list)
     """(joint, RMS hinge-velocity difference [rad/s]) of the five joints that differ most, over all steps."""
-    shares: dict[str, float] = field(default_factory=dict)
-    """Share of the steps in each regime (they overlap)."""
+
+    @property
+    def shares(self) -> dict[str, float]:
+        """Share of the steps in each regime (they overlap)."""
+        total = max(self.rows[0].steps, 1)  # the first row is "all"
+        return {r.regime: r.steps / total for r in self.rows}
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "shares": self.shares}
 
     def to_json(self, indent: int | None = 2) -> str:
         return json.dumps(self.to_dict(), indent=indent)
@@ -172,7 +180,7 @@ class GapReport:
                  "| steps | count | share | joint vel. RMS [rad/s] | base ang. vel. [rad/s] | base lin. vel. [m/s] "
                  "| joint vel. RMS, no joint limits [rad/s] |", "|---|---|---|---|---|---|---|"]
         for r in self.rows:
-            share = self.shares.get(r.regime, 1.0)
+            share = self.shares[r.regime]
             lines.append(f"| {r.regime} | {r.steps} | {share:.2f} | {r.joint_vel_rms:.3f} | {r.base_ang_vel:.3f} | "
                          f"{r.base_lin_vel:.3f} | {r.joint_vel_rms_no_limits:.3f} |")
         worst = ", ".join(f"{name} {v:.2f}" for name, v in self.worst_joints)
@@ -181,11 +189,12 @@ class GapReport:
 
 def one_step_gap(tr: Transitions, model: SimModel | None = None, *, label: str = "",
                  limit_ablation: bool = True) -> GapReport:
-    """The one-step gap of our simulator (``model``, default :func:`bcg.sim.load_model`) on recorded MuJoCo steps
-    ``tr``, split by regime (module docstring). ``limit_ablation=False`` skips the second pass without limits."""
+    """The one-step gap of our simulator (``model``; default: the replay env's own, ``tr.model``, else
+    :func:`bcg.sim.load_model`'s) on recorded MuJoCo steps ``tr``, split by regime (module docstring).
+    ``limit_ablation=False`` skips the second pass without limits."""
     from bcg.sim import load_model
 
-    model = model or load_model()
+    model = model or tr.model or load_model()
     if len(tr) == 0:
         raise ValueError("no recorded steps to compare")
     ours = _bcg_step(model, tr)
@@ -220,5 +229,4 @@ def one_step_gap(tr: Transitions, model: SimModel | None = None, *, label: str =
     per_joint = np.sqrt((err[:, 6:] ** 2).mean(0))
     names = list(model.joint_names)
     worst = [(names[j], float(per_joint[j])) for j in np.argsort(-per_joint)[:5]]
-    shares = {name: float(sel.mean()) for name, sel in regimes.items()}
-    return GapReport(label, rows, worst, shares)
+    return GapReport(label, rows, worst)
