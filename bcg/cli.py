@@ -20,6 +20,7 @@ import tyro
 from bcg.errors import UserError, one_line
 from bcg.evaluation.compare import Compare
 from bcg.evaluation.evaluate_cli import Evaluate
+from bcg.evaluation.learning_curve import Curve
 from bcg.evaluation.studies import STUDY_COMMANDS
 from bcg.parsing import parse_command
 
@@ -353,6 +354,7 @@ COMMANDS: dict[str, type | dict[str, type]] = {
     "train": Train,
     "export": Export,
     "evaluate": Evaluate,
+    "curve": Curve,
     "compare": Compare,
     "study": STUDY_COMMANDS,
 }

@@ -10,6 +10,7 @@ import csv
 import json
 import math
 import signal
+import time
 
 import pytest
 import torch
@@ -209,6 +210,29 @@ def test_time_limit_stops_after_the_iteration_that_reaches_it(tmp_path):
                 progress=False, tensorboard=False, export=False)
     assert t.run() == 0
     assert len(_rows(run)) == 1 and load_checkpoint(run).iteration == 1
+
+
+def test_a_time_limit_alone_runs_past_the_default_iteration_count(tmp_path):
+    """`bcg train --max-time-s T` without --iterations stopped at 100 iterations long before T: the limit is time."""
+    from bcg.agents.train import DEFAULT_ITERATIONS, parse_train_args
+
+    assert parse_train_args([]).iteration_limit() == DEFAULT_ITERATIONS == 100
+    assert parse_train_args(["--max-time-s", "3600"]).iteration_limit() is None
+    assert parse_train_args(["--max-time-s", "3600", "--iterations", "7"]).iteration_limit() == 7
+
+    class Slow(FakeAgent):
+        def train_iteration(self):
+            if self.iteration >= 120:  # the time limit falls after iteration 120
+                time.sleep(0.05)
+            return super().train_iteration()
+
+    run = tmp_path / "run"
+    t = Trainer(Slow(), run_dir=run, config=CONFIG, iterations=None, checkpoint_every=50, max_time_s=0.5,
+                progress=False, tensorboard=False, export=False)
+    assert t.run() == 0
+    n = len(_rows(run))
+    assert n > DEFAULT_ITERATIONS and load_checkpoint(run).iteration == n
+    assert sorted(p.name for p in (run / "checkpoints").iterdir())[:2] == ["iter_000050.pt", "iter_000100.pt"]
 
 
 def test_missing_metric_refused(tmp_path):

@@ -66,7 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover - bound at parse time by _bind_types (plug
     EstimatorChoice = Any
 
 __all__ = ["RUN_CONTROL_FIELDS", "TrainConfig", "Trainer", "build_agent", "collect_versions", "config_from_dict",
-           "config_to_dict", "default_config", "export_run", "parse_train_args", "run_name", "train"]
+           "checkpoint_export", "config_to_dict", "default_config", "export_run", "parse_train_args", "run_name", "train"]
 
 FIXED_COLUMNS: tuple[str, ...] = ("iteration", "samples", "wall_time_s")
 """The trainer's own metrics.csv columns, before :data:`~bcg.agents.base.METRIC_NAMES` and the agent's extras."""
@@ -89,6 +89,10 @@ exact on the device the checkpoint was written on)."""
 RECORDED_FIELDS: tuple[str, ...] = ("motion_sha256",)
 """TrainConfig fields that bcg records rather than the user chooses; a resume checks them on their own (a checkpoint
 written before they existed has None)."""
+
+
+DEFAULT_ITERATIONS = 100
+"""Iterations of a run given neither --iterations nor --max-time-s."""
 
 
 ENV_PRESETS: dict[str, dict[str, Any]] = {
@@ -149,9 +153,10 @@ class TrainConfig:
     """SHAC options (used with --agent shac); defaults: the preset's."""
     ppo: PPOConfig = field(default_factory=lambda: _ppo_presets()["cpu-small"])
     """PPO options (used with --agent ppo); defaults: the preset's."""
-    iterations: int = 100
-    """Iterations to run in total (a resumed run continues up to this number). One SHAC iteration is one window;
-    one PPO iteration one rollout and its update. The learning-rate schedule follows the agent config's own length."""
+    iterations: int | None = None
+    """Iterations to run in total (a resumed run continues up to this number); None: 100, or as many as --max-time-s
+    allows when it is set. One SHAC iteration is one window; one PPO iteration one rollout and its update. The
+    learning-rate schedule follows the agent config's own length."""
     max_time_s: float | None = None
     """Stop (checkpoint and export as at the end) once the run's training wall time reaches this [s] (None: no
     limit). Counted over the iterations only, across resumes."""
@@ -239,7 +244,8 @@ class TrainConfig:
         from bcg.envs.config import check_count
         from bcg.estimators import Estimator
 
-        object.__setattr__(self, "iterations", check_count("iterations", self.iterations, 1))
+        if self.iterations is not None:
+            object.__setattr__(self, "iterations", check_count("iterations", self.iterations, 1))
         object.__setattr__(self, "checkpoint_every", check_count("checkpoint_every", self.checkpoint_every, 0))
         object.__setattr__(self, "eval_every", check_count("eval_every", self.eval_every, 0))
         object.__setattr__(self, "eval_episodes", check_count("eval_episodes", self.eval_episodes, 1))
@@ -278,6 +284,12 @@ class TrainConfig:
         if self.motion not in _packaged_motions():  # the run must find its clip from any folder
             object.__setattr__(self, "motion", str(Path(self.motion).resolve()))
         self.env_config()  # the env options are checked by EnvConfig itself (kappa > 0, max_episode_steps >= 1)
+
+    def iteration_limit(self) -> int | None:
+        """The iterations to run: ``iterations``, else none (until ``max_time_s``) when a time limit is set, else 100."""
+        if self.iterations is not None:
+            return self.iterations
+        return None if self.max_time_s is not None else DEFAULT_ITERATIONS
 
     def env_config(self) -> EnvConfig:
         """The :class:`~bcg.envs.EnvConfig` of the run (differentiable for SHAC)."""
@@ -581,7 +593,8 @@ class Trainer:
         agent: the agent (fresh, or about to continue ``resume_from``).
         run_dir: the run directory (made if missing).
         config: the resolved config as JSON-able values (written to config.json and into every checkpoint).
-        iterations: total iterations (the loop runs from ``agent.iteration`` to here).
+        iterations: total iterations (the loop runs from ``agent.iteration`` to here); None: until ``max_time_s``
+            or a stop signal.
         checkpoint_every: checkpoint period in iterations (0: only at the end and on Ctrl-C or SIGTERM).
         max_time_s: stop once the cumulative training wall time reaches this [s] (None: no limit).
         resume_from: a checkpoint to continue: its config must equal ``config`` except :data:`RUN_CONTROL_FIELDS`,
@@ -592,7 +605,7 @@ class Trainer:
             called after iteration 1, every ``eval_every`` iterations and after the last; its time is not counted.
     """
 
-    def __init__(self, agent: Any, *, run_dir: str | Path, config: Mapping[str, Any], iterations: int,
+    def __init__(self, agent: Any, *, run_dir: str | Path, config: Mapping[str, Any], iterations: int | None,
                  checkpoint_every: int = 50, max_time_s: float | None = None, resume_from: Checkpoint | None = None,
                  progress: bool = True, tensorboard: bool = True, export: bool = True,
                  evaluator: Callable[[Any], Mapping[str, float]] | None = None, eval_every: int = 0):
@@ -601,7 +614,7 @@ class Trainer:
         self.eval_every = int(eval_every) if evaluator is not None else 0
         self.run_dir = Path(run_dir)
         self.config = dict(config)
-        self.iterations = int(iterations)
+        self.iterations = None if iterations is None else int(iterations)
         self.checkpoint_every = int(checkpoint_every)
         self.max_time_s = max_time_s
         self.progress = progress
@@ -642,7 +655,7 @@ class Trainer:
             if int(self.agent.iteration) != ck.iteration:
                 raise CheckpointError(f"{ck.path}: the agent state is at iteration {self.agent.iteration}, the "
                                       f"trainer's at {ck.iteration}")
-            if ck.iteration > self.iterations:
+            if self.iterations is not None and ck.iteration > self.iterations:
                 raise CheckpointError(f"{ck.path} is at iteration {ck.iteration}, beyond --iterations "
                                       f"{self.iterations}; ask for more iterations to continue")
             self.header = list(ck.metrics_header)
@@ -736,7 +749,7 @@ class Trainer:
         status = 0
         wall = float(wall0)
         try:
-            while self.agent.iteration < self.iterations and not self._stop:
+            while not self._reached(self.agent.iteration) and not self._stop:
                 if self.max_time_s is not None and wall >= self.max_time_s:
                     print(f"[bcg train] time limit {self.max_time_s:g} s reached after {self.agent.iteration} "
                           "iterations", file=sys.stderr)
@@ -747,7 +760,7 @@ class Trainer:
                 metrics = self.agent.train_iteration()
                 wall += time.perf_counter() - t0
                 done_it = int(self.agent.iteration)
-                if self.eval_every and (done_it == 1 or done_it % self.eval_every == 0 or done_it >= self.iterations
+                if self.eval_every and (done_it == 1 or done_it % self.eval_every == 0 or self._reached(done_it)
                                         or (self.max_time_s is not None and wall >= self.max_time_s)):
                     metrics = {**metrics, **{k: float(v) for k, v in self.evaluator(self.agent).items()}}
                 row = self._row(metrics, wall)
@@ -760,7 +773,7 @@ class Trainer:
                 self._in_iteration = False
                 bar.update(it - bar.n)
                 bar.set_postfix_str(self._postfix(metrics), refresh=False)
-                if self.checkpoint_every and it % self.checkpoint_every == 0 and it < self.iterations:
+                if self.checkpoint_every and it % self.checkpoint_every == 0 and not self._reached(it):
                     self.write_checkpoint()
                     if writer is not None:
                         writer.flush()
@@ -791,6 +804,10 @@ class Trainer:
             print(f"[bcg train] done: {self.agent.iteration} iterations, {self.agent.samples} samples; "
                   f"checkpoint {path}; policy {pol}", file=sys.stderr)
         return status
+
+    def _reached(self, iteration: int) -> bool:
+        """Whether ``iteration`` is the last one asked for (never, without an iteration limit)."""
+        return self.iterations is not None and iteration >= self.iterations
 
     @staticmethod
     def _postfix(m: Mapping[str, float]) -> str:
@@ -877,7 +894,7 @@ def train(cfg: TrainConfig, *, agent_factory: Callable[[TrainConfig], Any] = bui
         cfg = dataclasses.replace(cfg, out=run_dir.parent, name=run_dir.name)
     agent = agent_factory(cfg)
     _make_run_dir(run_dir)
-    trainer = Trainer(agent, run_dir=run_dir, config=config_to_dict(cfg), iterations=cfg.iterations,
+    trainer = Trainer(agent, run_dir=run_dir, config=config_to_dict(cfg), iterations=cfg.iteration_limit(),
                       checkpoint_every=cfg.checkpoint_every, max_time_s=cfg.max_time_s, resume_from=ckpt,
                       progress=cfg.progress, tensorboard=cfg.tensorboard,
                       evaluator=policy_evaluator(cfg) if cfg.eval_every else None, eval_every=cfg.eval_every)
@@ -955,6 +972,16 @@ EXPORT_FILES = {"torch": "policy.pt", "onnx": "policy.onnx", "torchscript": "pol
 """Default file name in the run directory of each export format."""
 
 
+def checkpoint_export(path: str | Path) -> dict[str, Any]:
+    """The policy export (``{"meta", "tensors"}``, as :func:`bcg.agents.export.save_policy` writes it) of one
+    checkpoint file: the agent is rebuilt from the checkpoint's config and loaded with its state."""
+    ckpt = load_checkpoint(path)
+    agent = build_agent(dataclasses.replace(config_from_dict(ckpt.config), resume=None))
+    verify_state_fits(ckpt.agent_state, agent.state_dict(), ckpt.path)
+    agent.load_state_dict(ckpt.agent_state)
+    return agent.export_policy()
+
+
 def export_run(run: str | Path, out: str | Path | None = None, fmt: str = "torch") -> Path:
     """Write the policy of a run's latest checkpoint (or of a checkpoint file) to ``out`` (default
     ``RUN/`` + :data:`EXPORT_FILES` ``[fmt]``); rebuilds the agent from the checkpoint's config. ``fmt``: ``"torch"``
@@ -973,12 +1000,8 @@ def export_run(run: str | Path, out: str | Path | None = None, fmt: str = "torch
             raise UserError(f"{src} is already a torch policy file; choose --format onnx or torchscript")
         policy, run_dir, export = load_policy(src), src.parent, None
     else:
-        ckpt = load_checkpoint(latest_checkpoint(run))
-        cfg = config_from_dict(ckpt.config)
-        agent = build_agent(dataclasses.replace(cfg, resume=None))
-        verify_state_fits(ckpt.agent_state, agent.state_dict(), ckpt.path)
-        agent.load_state_dict(ckpt.agent_state)
-        export, run_dir = agent.export_policy(), run_dir_of(ckpt.path)
+        ckpt_path = latest_checkpoint(run)
+        export, run_dir = checkpoint_export(ckpt_path), run_dir_of(ckpt_path)
         policy = ExportedPolicy(export["meta"], export["tensors"])
     dest = Path(out) if out is not None else run_dir / EXPORT_FILES[fmt]
     if dest.is_dir():

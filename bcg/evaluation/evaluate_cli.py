@@ -22,7 +22,7 @@ import tyro
 
 from bcg.errors import InputNotFoundError, UserError
 
-__all__ = ["Evaluate", "REFERENCE", "load_source", "policy_motion"]
+__all__ = ["Evaluate", "REFERENCE", "load_source", "policy_env_kwargs", "policy_motion"]
 
 REFERENCE = "reference"
 """The source name of the reference-replay baseline (:class:`~bcg.evaluation.mujoco_transfer.ReferenceReplayPolicy`)."""
@@ -63,17 +63,22 @@ def load_source(source: str, motion: str | None) -> tuple[Any, str, dict[str, An
     policy.check_mjcf(MJCF_PATH)
     if motion is None:
         motion = policy_motion(policy.motion)
-    env_kwargs: dict[str, Any] = {"action_scale": policy.action_scale.detach().cpu().double().numpy(),
-                                  "action_offset": policy.action_offset}
-    # the dynamics options the policy was trained with (None: the env's default): contact stiffness for our
-    # simulator's replay, and the substep and substep count, hence the control rate, for both simulators
+    return policy, motion, policy_env_kwargs(policy), run_dir / "eval", str(file)
+
+
+def policy_env_kwargs(policy: Any) -> dict[str, Any]:
+    """The replay env's keyword arguments that a policy file fixes: its action map, and the dynamics options it was
+    trained with (None: the env's default), i.e. the contact parameters of our simulator's replay and the substep and
+    substep count, hence the control rate, of both simulators."""
     from bcg.envs.config import DYNAMICS_FIELDS
 
+    env_kwargs: dict[str, Any] = {"action_scale": policy.action_scale.detach().cpu().double().numpy(),
+                                  "action_offset": policy.action_offset}
     for key in DYNAMICS_FIELDS:
         value = policy.meta.get("env", {}).get(key)
         if value is not None:
             env_kwargs[key] = int(value) if key == "substeps" else float(value)
-    return policy, motion, env_kwargs, run_dir / "eval", str(file)
+    return env_kwargs
 
 
 def policy_motion(meta: dict[str, Any]) -> str:
