@@ -353,6 +353,25 @@ def test_state_dict_refuses_other_config() -> None:
         SHAC(cfg, env_cfg).load_state_dict({"format": "bcg.ppo/1"})
 
 
+def test_the_schedule_follows_an_outside_progress_when_given_one() -> None:
+    """A time-budgeted run drives the linear schedule by the share of its budget spent: at half of it the learning
+    rates are half-way to final_lr, whatever the iteration; None goes back to iteration / max_iterations."""
+    cfg = SHACConfig(num_envs=2, horizon=2, actor_hidden=(8,), critic_hidden=(8,), critic_iterations=1,
+                     actor_lr=1e-3, final_lr=1e-5, max_iterations=10)
+    agent = SHAC(cfg, EnvConfig(motion_file=standing_motion(0.3)))
+    assert agent._lr(1e-3) == 1e-3
+    agent.set_schedule_progress(0.5)
+    assert agent._lr(1e-3) == pytest.approx(0.5 * (1e-3 + 1e-5), rel=1e-12)
+    agent.set_schedule_progress(3.0)  # past the budget (the last iteration overruns it): the final rate
+    assert agent._lr(1e-3) == pytest.approx(1e-5, rel=1e-12)
+    agent.train_iteration()
+    assert agent.actor_opt.param_groups[0]["lr"] == pytest.approx(1e-5, rel=1e-12)
+    agent.set_schedule_progress(None)
+    assert agent._lr(1e-3) == pytest.approx(1e-3 + (1e-5 - 1e-3) * 0.1, rel=1e-12)  # iteration 1 of 10
+    with pytest.raises(ValueError, match="finite number or None"):
+        agent.set_schedule_progress(float("nan"))
+
+
 # ------------------------------------------------------------------------------------------------ learning
 
 

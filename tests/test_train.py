@@ -235,6 +235,37 @@ def test_a_time_limit_alone_runs_past_the_default_iteration_count(tmp_path):
     assert sorted(p.name for p in (run / "checkpoints").iterdir())[:2] == ["iter_000050.pt", "iter_000100.pt"]
 
 
+def test_the_trainer_gives_the_agent_the_share_of_its_time_budget_spent(tmp_path):
+    from bcg.agents.train import config_from_dict, config_to_dict, parse_train_args
+
+    class Scheduled(FakeAgent):
+        seen: list = []
+
+        def set_schedule_progress(self, fraction):
+            self.seen.append(fraction)
+
+    run = tmp_path / "run"
+    agent = Scheduled()
+    t = Trainer(agent, run_dir=run, config=CONFIG, iterations=5, checkpoint_every=0, max_time_s=1e3,
+                schedule_over_time=True, progress=False, tensorboard=False, export=False)
+    assert t.run() == 0
+    walls = [0.0] + [float(r["wall_time_s"]) / 1e3 for r in _rows(run, drop=())][:-1]
+    assert agent.seen == walls  # before iteration k + 1: the time spent after k, over the budget
+    with pytest.raises(ValueError, match="needs max_time_s"):
+        Trainer(FakeAgent(), run_dir=run, config=CONFIG, iterations=1, schedule_over_time=True)
+    # on by default exactly when the run's length is its time budget; a run written before the option stays as it was
+    assert parse_train_args(["--max-time-s", "60"]).schedule_follows_time()
+    assert not parse_train_args(["--max-time-s", "60", "--iterations", "9"]).schedule_follows_time()
+    assert not parse_train_args([]).schedule_follows_time()
+    assert parse_train_args(["--max-time-s", "60", "--iterations", "9", "--schedule-over-time", "True"]
+                            ).schedule_follows_time()
+    with pytest.raises(ValueError, match="needs --max-time-s"):
+        parse_train_args(["--schedule-over-time", "True"])
+    old = config_to_dict(parse_train_args(["--max-time-s", "60"]))
+    del old["schedule_over_time"]
+    assert config_from_dict(old).schedule_follows_time() is False
+
+
 def test_missing_metric_refused(tmp_path):
     class Lazy(FakeAgent):
         def train_iteration(self):

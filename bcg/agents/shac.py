@@ -298,6 +298,7 @@ class SHAC:
         """Generator of the action noise (saved and restored with the agent)."""
 
         self.iteration = 0
+        self._schedule_progress: float | None = None  # set_schedule_progress
         self.samples = 0
         self.skipped_actor_updates = 0
         self.skipped_critic_updates = 0
@@ -439,11 +440,21 @@ class SHAC:
 
     # ================================================================================================ 4. update
 
+    def set_schedule_progress(self, fraction: float | None) -> None:
+        """Drive the learning-rate schedule by ``fraction`` in [0, 1] of the run (e.g. the share of a time budget
+        spent, set before each iteration) instead of ``iteration / max_iterations``; None: by iterations again."""
+        if fraction is not None and not (isinstance(fraction, numbers.Real) and math.isfinite(fraction)):
+            raise ValueError(f"schedule progress must be a finite number or None, got {fraction!r}")
+        self._schedule_progress = None if fraction is None else min(max(float(fraction), 0.0), 1.0)
+
     def _lr(self, lr0: float) -> float:
         cfg = self.config
         if cfg.lr_schedule == "constant":
             return lr0
-        return lr0 + (cfg.final_lr - lr0) * min(self.iteration / cfg.max_iterations, 1.0)
+        progress = self._schedule_progress
+        if progress is None:
+            progress = min(self.iteration / cfg.max_iterations, 1.0)
+        return lr0 + (cfg.final_lr - lr0) * progress
 
     def _guarded_step(self, opt: torch.optim.Optimizer, params: list[nn.Parameter], clip: float) -> tuple[float, bool]:
         """Clip the gradients of ``params`` to ``clip`` and step ``opt``, unless the norm before clipping is

@@ -160,6 +160,11 @@ class TrainConfig:
     max_time_s: float | None = None
     """Stop (checkpoint and export as at the end) once the run's training wall time reaches this [s] (None: no
     limit). Counted over the iterations only, across resumes."""
+    schedule_over_time: bool | None = None
+    """SHAC's linear learning-rate schedule runs over the time budget: its progress is the training time spent over
+    --max-time-s instead of iteration / --shac.max-iterations (so a longer budget learns longer, not at the final
+    rate). None: on when --max-time-s is set and --iterations is not. The learning rates then depend on the machine's
+    speed, as the number of iterations does."""
     seed: int = 0
     """Seed of the networks, the action noise, the environment resets and the estimator's draws."""
     out: Path = Path("runs")
@@ -264,6 +269,8 @@ class TrainConfig:
             object.__setattr__(self, "update_threads", check_count("update_threads", self.update_threads, 1))
         if self.max_time_s is not None and not (isinstance(self.max_time_s, numbers.Real) and self.max_time_s > 0):
             raise ValueError(f"max_time_s must be a number > 0 or None, got {self.max_time_s!r}")
+        if self.schedule_over_time and self.max_time_s is None:
+            raise ValueError("schedule_over_time needs --max-time-s (the budget the schedule runs over)")
         object.__setattr__(self, "out", Path(self.out))
         if self.resume is not None:
             object.__setattr__(self, "resume", Path(self.resume))
@@ -284,6 +291,12 @@ class TrainConfig:
         if self.motion not in _packaged_motions():  # the run must find its clip from any folder
             object.__setattr__(self, "motion", str(Path(self.motion).resolve()))
         self.env_config()  # the env options are checked by EnvConfig itself (kappa > 0, max_episode_steps >= 1)
+
+    def schedule_follows_time(self) -> bool:
+        """Whether SHAC's learning-rate schedule runs over --max-time-s (``schedule_over_time``, resolved)."""
+        if self.schedule_over_time is not None:
+            return bool(self.schedule_over_time)
+        return self.max_time_s is not None and self.iterations is None
 
     def iteration_limit(self) -> int | None:
         """The iterations to run: ``iterations``, else none (until ``max_time_s``) when a time limit is set, else 100."""
@@ -481,6 +494,8 @@ def config_from_dict(d: Mapping[str, Any]) -> TrainConfig:
     d = dict(d)
     # runs written before the action-map options had absolute targets at the env's per-joint scale
     d.setdefault("action_offset", "default")
+    # runs written before the time-driven schedule ran SHAC's schedule over iterations
+    d.setdefault("schedule_over_time", False)
     base = default_config(d.get("agent", "shac"), d.get("preset", "cpu-small"))
     est = d.pop("estimator", None)
     if est is not None:
@@ -597,6 +612,8 @@ class Trainer:
             or a stop signal.
         checkpoint_every: checkpoint period in iterations (0: only at the end and on Ctrl-C or SIGTERM).
         max_time_s: stop once the cumulative training wall time reaches this [s] (None: no limit).
+        schedule_over_time: before each iteration, tell an agent with ``set_schedule_progress`` the share of
+            ``max_time_s`` spent (its learning-rate schedule then spans the time budget).
         resume_from: a checkpoint to continue: its config must equal ``config`` except :data:`RUN_CONTROL_FIELDS`,
             its agent state must fit ``agent``; the metrics rows are restored from it.
         progress: show the tqdm bar. tensorboard: write event files.
@@ -607,7 +624,7 @@ class Trainer:
 
     def __init__(self, agent: Any, *, run_dir: str | Path, config: Mapping[str, Any], iterations: int | None,
                  checkpoint_every: int = 50, max_time_s: float | None = None, resume_from: Checkpoint | None = None,
-                 progress: bool = True, tensorboard: bool = True, export: bool = True,
+                 schedule_over_time: bool = False, progress: bool = True, tensorboard: bool = True, export: bool = True,
                  evaluator: Callable[[Any], Mapping[str, float]] | None = None, eval_every: int = 0):
         self.agent = agent
         self.evaluator = evaluator
@@ -617,6 +634,9 @@ class Trainer:
         self.iterations = None if iterations is None else int(iterations)
         self.checkpoint_every = int(checkpoint_every)
         self.max_time_s = max_time_s
+        if schedule_over_time and max_time_s is None:
+            raise ValueError("schedule_over_time needs max_time_s (the budget the schedule runs over)")
+        self.schedule_over_time = bool(schedule_over_time)
         self.progress = progress
         self.tensorboard = tensorboard
         self.export = export
@@ -754,6 +774,8 @@ class Trainer:
                     print(f"[bcg train] time limit {self.max_time_s:g} s reached after {self.agent.iteration} "
                           "iterations", file=sys.stderr)
                     break
+                if self.schedule_over_time and hasattr(self.agent, "set_schedule_progress"):
+                    self.agent.set_schedule_progress(wall / self.max_time_s)
                 t0 = time.perf_counter()
                 # an iteration and its row are one unit: a Ctrl-C / SIGTERM in here only sets _stop (_on_stop_signal)
                 self._in_iteration = True
@@ -896,6 +918,7 @@ def train(cfg: TrainConfig, *, agent_factory: Callable[[TrainConfig], Any] = bui
     _make_run_dir(run_dir)
     trainer = Trainer(agent, run_dir=run_dir, config=config_to_dict(cfg), iterations=cfg.iteration_limit(),
                       checkpoint_every=cfg.checkpoint_every, max_time_s=cfg.max_time_s, resume_from=ckpt,
+                      schedule_over_time=cfg.schedule_follows_time(),
                       progress=cfg.progress, tensorboard=cfg.tensorboard,
                       evaluator=policy_evaluator(cfg) if cfg.eval_every else None, eval_every=cfg.eval_every)
     status = trainer.run()

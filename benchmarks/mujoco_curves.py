@@ -1,0 +1,80 @@
+"""Learning curves in MuJoCo of the kept runs, one figure (the README's), from their ``bcg curve`` results.
+
+Every run folder in ``benchmarks/results/stay_up/`` that holds a ``curve_CLIP.csv`` (the ``curve.csv`` that
+``bcg curve RUN`` writes: each checkpoint replayed with ``bcg evaluate``'s protocol, 8 episodes through the whole
+clip) becomes one line per simulator; one column per clip.
+
+    python benchmarks/mujoco_curves.py [--dir benchmarks/results/stay_up] [--out docs/img/mujoco_curves.png]
+        [--runs NAME ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bcg.evaluation.learning_curve import CurvePoint, read_curve
+from bcg.evaluation.report import pyplot, style_axis
+
+ROOT = Path(__file__).resolve().parent
+
+
+def gather(root: Path, names: list[str] | None) -> dict[str, dict[str, list[CurvePoint]]]:
+    """``{clip: {run: points}}`` of the runs under ``root`` that have a curve (``names``: only these runs)."""
+    out: dict[str, dict[str, list[CurvePoint]]] = {}
+    for run in sorted(p for p in root.iterdir() if p.is_dir()):
+        if names and run.name not in names:
+            continue
+        for csv_path in sorted(run.glob("curve_*.csv")):
+            clip = csv_path.stem.removeprefix("curve_")
+            out.setdefault(clip, {})[run.name] = read_curve(csv_path)
+    return out
+
+
+def plot(curves: dict[str, dict[str, list[CurvePoint]]], path: Path) -> Path:
+    """Rows: MuJoCo fall rate, mean episode [s], E_track [cm] against samples; one column per clip. Solid: MuJoCo,
+    dashed: our simulator."""
+    plt = pyplot()
+    clips = list(curves)
+    fig, axes = plt.subplots(3, len(clips), figsize=(4.2 * len(clips), 8), squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    measures = (("fall rate", lambda p, s: getattr(p, f"{s}_falls") / max(getattr(p, f"{s}_episodes"), 1)),
+                ("mean episode [s]", lambda p, s: getattr(p, f"{s}_mean_episode_s")),
+                ("E_track [cm]", lambda p, s: getattr(p, f"{s}_e_track_cm")))
+    for col, clip in enumerate(clips):
+        for row, (ylabel, value) in enumerate(measures):
+            ax = axes[row][col]
+            for k, (run, pts) in enumerate(curves[clip].items()):
+                x = [p.samples for p in pts]
+                ax.plot(x, [value(p, "mujoco") for p in pts], "-", marker=".", color=colors[k % len(colors)],
+                        label=f"{run} (MuJoCo)")
+                ax.plot(x, [value(p, "bcg") for p in pts], "--", color=colors[k % len(colors)], alpha=0.6,
+                        label=f"{run} (ours)")
+            ax.set_ylabel(ylabel, fontsize=8)
+            style_axis(ax)
+            if row == 0:
+                ax.set_title(clip, fontsize=9)
+            if row == len(measures) - 1:
+                ax.set_xlabel("environment samples", fontsize=8)
+        axes[0][col].legend(fontsize=6)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", type=Path, default=ROOT / "results" / "stay_up")
+    ap.add_argument("--out", type=Path, default=ROOT.parent / "docs" / "img" / "mujoco_curves.png")
+    ap.add_argument("--runs", nargs="*", default=None)
+    args = ap.parse_args()
+    curves = gather(args.dir, args.runs)
+    if not curves:
+        raise SystemExit(f"no curve_*.csv under {args.dir} (run `bcg curve RUN` and copy its curve.csv there)")
+    print(f"wrote {plot(curves, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
