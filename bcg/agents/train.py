@@ -65,8 +65,9 @@ if TYPE_CHECKING:  # pragma: no cover - bound at parse time by _bind_types (plug
 
     EstimatorChoice = Any
 
-__all__ = ["RUN_CONTROL_FIELDS", "TrainConfig", "Trainer", "build_agent", "collect_versions", "config_from_dict",
-           "checkpoint_export", "config_to_dict", "default_config", "export_run", "parse_train_args", "run_name", "train"]
+__all__ = ["RUN_CONTROL_FIELDS", "TrainConfig", "Trainer", "build_agent", "checkpoint_export", "collect_versions",
+           "config_from_dict", "config_to_dict", "default_config", "export_run", "parse_train_args", "run_name",
+           "train"]
 
 FIXED_COLUMNS: tuple[str, ...] = ("iteration", "samples", "wall_time_s")
 """The trainer's own metrics.csv columns, before :data:`~bcg.agents.base.METRIC_NAMES` and the agent's extras."""
@@ -299,7 +300,7 @@ class TrainConfig:
         return self.max_time_s is not None and self.iterations is None
 
     def iteration_limit(self) -> int | None:
-        """The iterations to run: ``iterations``, else none (until ``max_time_s``) when a time limit is set, else 100."""
+        """The iterations to run: ``iterations``; else no limit (until ``max_time_s``) with a time limit; else 100."""
         if self.iterations is not None:
             return self.iterations
         return None if self.max_time_s is not None else DEFAULT_ITERATIONS

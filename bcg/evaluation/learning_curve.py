@@ -210,7 +210,7 @@ def plot_curve(curves: dict[str, list[CurvePoint]], path: Path, title: str = "")
 
 @dataclass(frozen=True)
 class Curve:
-    """Learning curve of a run in MuJoCo: replay every checkpoint with `bcg evaluate`'s protocol (curve.csv, curve.png)."""
+    """Learning curve of a run in MuJoCo: every checkpoint replayed as by `bcg evaluate` (curve.csv, curve.png)."""
 
     run_dir: tyro.conf.Positional[Path]
     """Run directory (its checkpoints/ folder)."""
