@@ -92,12 +92,21 @@ def test_train_flags_reach_the_env_config(capsys: pytest.CaptureFixture) -> None
         True, 0.5, 0.01, 0.2)
     assert (env.replay_threshold, env.termination_anchor_height, env.termination_gravity_z,
             env.termination_end_effector_height) == (0.4, 0.25, 0.8, 0.25)
+    # bcg train's default: randomisation, adaptive starts and BeyondMimic's three terminations; no replay
     default = parse_train_args([]).env_config()
-    assert all(getattr(default, k) == getattr(EnvConfig(), k) for k in LAYER_FIELDS)
-    assert default.replay_threshold is None and not default.adaptive_start
-    # runs written before these options had none of them: their configs read back with the layers off
-    old = {k: v for k, v in config_to_dict(parse_train_args([])).items() if k not in LAYER_FIELDS}
-    assert config_from_dict(old) == parse_train_args([])
+    assert default.domain_randomization and default.adaptive_start and default.replay_threshold is None
+    assert (default.termination_anchor_height, default.termination_gravity_z,
+            default.termination_end_effector_height) == (0.25, 0.8, 0.25)
+    off_flags = ["--no-domain-randomization", "--no-adaptive-start", "--termination-anchor-height", "None",
+                 "--termination-gravity-z", "None", "--termination-end-effector-height", "None"]
+    off = parse_train_args(off_flags)
+    assert all(getattr(off.env_config(), k) == getattr(EnvConfig(), k) for k in LAYER_FIELDS)
+    assert not off.env_config().domain_randomization
+    # runs written before these options (or before they were on by default) had none of them: their configs read
+    # back with the layers off
+    old = {k: v for k, v in config_to_dict(parse_train_args([])).items()
+           if k not in (*LAYER_FIELDS, "domain_randomization")}
+    assert config_from_dict(old) == off
     assert config_from_dict(config_to_dict(cfg)) == cfg
     from bcg.cli import main
 

@@ -92,6 +92,11 @@ RECORDED_FIELDS: tuple[str, ...] = ("motion_sha256",)
 written before they existed has None)."""
 
 
+LEGACY_DEFAULTS: dict[str, Any] = {
+    "schedule_over_time": False, "domain_randomization": False, "adaptive_start": False,
+    "termination_anchor_height": None, "termination_gravity_z": None, "termination_end_effector_height": None}
+"""What a run's config meant by a field it does not have (written before the field existed): the behaviour then."""
+
 DEFAULT_ITERATIONS = 100
 """Iterations of a run given neither --iterations nor --max-time-s."""
 
@@ -191,8 +196,9 @@ class TrainConfig:
     MuJoCo's default, where policies are evaluated; docs/simulator.md); None: stopped within one substep."""
     contact_beta: float | None = None
     """Baumgarte factor of the contacts in [0, 1] (None: the simulator's 0.5); lower is a softer ground."""
-    domain_randomization: bool = False
-    """Randomise physics, pushes, latency and observation noise (docs/envs.md ranges)."""
+    domain_randomization: bool = True
+    """Randomise physics, pushes, latency and observation noise (docs/envs.md ranges); --no-domain-randomization: off.
+    On by default: one of the layers with which policies stand in MuJoCo (docs/shac.md, the ablation)."""
     max_episode_steps: int | None = None
     """Extra time limit of an episode in control steps (None: the clip's end)."""
     action_offset: Literal["default", "reference"] | None = None
@@ -205,16 +211,16 @@ class TrainConfig:
     """Per-joint action scale in torque units: a full action moves joint j's target by this fraction of its torque
     limit over its kp (s_j = f L_j / kp_j; 0.5: 0.22 rad on the hips, 0.35 on the knees, 0.125 on ankles and arms).
     Overrides --action-scale; None: off."""
-    termination_anchor_height: float | None = None
-    """End an episode when the pelvis height error exceeds this [m] (BeyondMimic: 0.25; None: off)."""
-    termination_gravity_z: float | None = None
+    termination_anchor_height: float | None = 0.25
+    """End an episode when the pelvis height error exceeds this [m] (BeyondMimic's 0.25; None: off)."""
+    termination_gravity_z: float | None = 0.8
     """End an episode when the projected gravity's z component differs from the reference's by more than this
-    (BeyondMimic: 0.8; None: off)."""
-    termination_end_effector_height: float | None = None
-    """End an episode when an ankle or wrist height error exceeds this [m] (BeyondMimic: 0.25; None: off)."""
-    adaptive_start: bool = False
+    (BeyondMimic's 0.8; None: off)."""
+    termination_end_effector_height: float | None = 0.25
+    """End an episode when an ankle or wrist height error exceeds this [m] (BeyondMimic's 0.25; None: off)."""
+    adaptive_start: bool = True
     """Start episodes where they fail: per-bin failure averages with a uniform floor (docs/start_states_and_replay.md);
-    False: uniform start frames."""
+    --no-adaptive-start: uniform start frames."""
     adaptive_start_bin_s: float = 1.0
     """Bin length of the adaptive start sampling [s]."""
     adaptive_start_alpha: float = 0.001
@@ -495,8 +501,10 @@ def config_from_dict(d: Mapping[str, Any]) -> TrainConfig:
     d = dict(d)
     # runs written before the action-map options had absolute targets at the env's per-joint scale
     d.setdefault("action_offset", "default")
-    # runs written before the time-driven schedule ran SHAC's schedule over iterations
-    d.setdefault("schedule_over_time", False)
+    # runs written before the time-driven schedule ran SHAC's schedule over iterations; runs written before the
+    # start-state and termination layers (or before they were on by default) had none of them
+    for key, old_default in LEGACY_DEFAULTS.items():
+        d.setdefault(key, old_default)
     base = default_config(d.get("agent", "shac"), d.get("preset", "cpu-small"))
     est = d.pop("estimator", None)
     if est is not None:
