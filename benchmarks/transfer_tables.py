@@ -16,18 +16,43 @@ from pathlib import Path
 from typing import Any
 
 
-def settings(cfg: dict[str, Any]) -> str:
-    """The options that set a run apart from the cpu-small defaults, in `bcg train` flag names."""
-    est = cfg.get("estimator")
-    parts = (["--agent ppo"] if cfg.get("agent") == "ppo"
-             else [f"--estimator {est['name'] if isinstance(est, dict) else est}"])
-    flags = {"domain_randomization": "--domain-randomization", "adaptive_start": "--adaptive-start"}
-    parts += [flag for key, flag in flags.items() if cfg.get(key)]
-    for key in ("action_scale_torque", "termination_anchor_height", "termination_gravity_z",
-                "termination_end_effector_height", "replay_threshold", "soft_contact_timeconst", "contact_beta"):
-        if cfg.get(key) is not None:
-            parts.append(f"--{key.replace('_', '-')} {cfg[key]}")
+LEVERS: tuple[str, ...] = ("domain_randomization", "adaptive_start", "termination_anchor_height",
+                           "termination_gravity_z", "termination_end_effector_height", "replay_threshold",
+                           "action_scale_torque", "soft_contact_timeconst", "contact_beta")
+"""TrainConfig fields a run of this table may set apart from `bcg train`'s defaults."""
+
+
+def settings(cfg_dict: dict[str, Any]) -> str:
+    """The options that set a run apart from today's `bcg train` defaults, in its flag names (a run written before a
+    default changed reads back as it ran: bcg.agents.train.LEGACY_DEFAULTS)."""
+    from bcg.agents.train import config_from_dict, default_config
+
+    cfg = config_from_dict(cfg_dict)
+    default = default_config(cfg.agent, cfg.preset)
+    parts = ["--agent ppo"] if cfg.agent == "ppo" else [f"--estimator {cfg.estimator.name}"]
+    changed = [key for key in LEVERS if getattr(cfg, key) != getattr(default, key)]
+    terminations = [key for key in changed if key.startswith("termination_") and getattr(cfg, key) is None]
+    for key in changed:
+        value, flag = getattr(cfg, key), "--" + key.replace("_", "-")
+        if key in terminations and len(terminations) == 3:
+            if key == terminations[0]:
+                parts.append("--termination-{anchor-height,gravity-z,end-effector-height} None")
+        elif isinstance(value, bool):
+            parts.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            parts.append(f"{flag} {value}")
     return " ".join(parts)
+
+
+def schedule(cfg_dict: dict[str, Any]) -> str:
+    """How the run's learning rate moved: SHAC's linear decay over the time budget or over N iterations; PPO's
+    adaptive-KL rule."""
+    from bcg.agents.train import config_from_dict
+
+    cfg = config_from_dict(cfg_dict)
+    if cfg.agent == "ppo":
+        return "adaptive KL"
+    return "over the budget" if cfg.schedule_follows_time() else f"{cfg.shac.max_iterations} it"
 
 
 def last_row(run: Path) -> dict[str, str]:
@@ -36,8 +61,8 @@ def last_row(run: Path) -> dict[str, str]:
 
 
 def table(root: Path) -> str:
-    lines = ["| run | clip | settings | iterations | samples | training [s] | MuJoCo: falls of 8, mean episode [s], "
-             "E_track [cm] | ours: falls, mean episode, E_track |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| run | clip | settings | lr schedule | iterations | samples | training [s] | MuJoCo: falls of 8, mean "
+             "episode [s], E_track [cm] | ours: falls, mean episode, E_track |", "|---|---|---|---|---|---|---|---|---|"]
     for run in sorted(p for p in root.iterdir() if any(p.glob("eval_*.json"))):
         cfg = json.loads((run / "config.json").read_text())
         evals = sorted(run.glob("eval_*.json"))
@@ -48,7 +73,7 @@ def table(root: Path) -> str:
         for sim in ("mujoco", "bcg"):
             m = ev[sim]
             cols.append(f"{m['falls']}, {m['mean_episode_seconds']:.1f}, {m['e_track_cm']:.1f}")
-        lines.append(f"| {run.name} | {clip} | {settings(cfg)} | {last['iteration']} | {int(float(last['samples']))} | "
+        lines.append(f"| {run.name} | {clip} | {settings(cfg)} | {schedule(cfg)} | {last['iteration']} | {int(float(last['samples']))} | "
                      f"{float(last['wall_time_s']):.0f} | {cols[0]} | {cols[1]} |")
     return "\n".join(lines)
 
