@@ -5,7 +5,7 @@ Every run folder in ``benchmarks/results/stay_up/`` that holds a ``curve_CLIP.cs
 clip) becomes one line per simulator; one column per clip.
 
     python benchmarks/mujoco_curves.py [--dir benchmarks/results/stay_up] [--out docs/img/mujoco_curves.png]
-        [--runs NAME ...]
+        [--runs NAME ...] [--sims mujoco bcg]
 """
 
 from __future__ import annotations
@@ -31,11 +31,13 @@ def gather(root: Path, names: list[str] | None) -> dict[str, dict[str, list[Curv
     return out
 
 
-def plot(curves: dict[str, dict[str, list[CurvePoint]]], path: Path) -> Path:
-    """Rows: MuJoCo fall rate, mean episode [s], E_track [cm] against samples; one column per clip. Solid: MuJoCo,
-    dashed: our simulator."""
+def plot(curves: dict[str, dict[str, list[CurvePoint]]], path: Path, sims: tuple[str, ...] = ("mujoco", "bcg")
+         ) -> Path:
+    """Rows: fall rate, mean episode [s], E_track [cm] against samples; one column per clip. Solid: MuJoCo, dashed:
+    our simulator (``sims``: which of the two to draw)."""
     plt = pyplot()
-    clips = list(curves)
+    order = ("run", "jump", "fight", "dance")  # the packaged clips first, in the paper's order; real clips after
+    clips = sorted(curves, key=lambda c: (order.index(c) if c in order else len(order), c))
     fig, axes = plt.subplots(3, len(clips), figsize=(4.2 * len(clips), 8), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     measures = (("fall rate", lambda p, s: getattr(p, f"{s}_falls") / max(getattr(p, f"{s}_episodes"), 1)),
@@ -46,10 +48,12 @@ def plot(curves: dict[str, dict[str, list[CurvePoint]]], path: Path) -> Path:
             ax = axes[row][col]
             for k, (run, pts) in enumerate(curves[clip].items()):
                 x = [p.samples for p in pts]
-                ax.plot(x, [value(p, "mujoco") for p in pts], "-", marker=".", color=colors[k % len(colors)],
-                        label=f"{run} (MuJoCo)")
-                ax.plot(x, [value(p, "bcg") for p in pts], "--", color=colors[k % len(colors)], alpha=0.6,
-                        label=f"{run} (ours)")
+                if "mujoco" in sims:
+                    ax.plot(x, [value(p, "mujoco") for p in pts], "-", marker=".", color=colors[k % len(colors)],
+                            label=f"{run} (MuJoCo)" if len(sims) > 1 else run)
+                if "bcg" in sims:
+                    ax.plot(x, [value(p, "bcg") for p in pts], "--", color=colors[k % len(colors)], alpha=0.6,
+                            label=f"{run} (ours)")
             ax.set_ylabel(ylabel, fontsize=8)
             style_axis(ax)
             if row == 0:
@@ -69,11 +73,12 @@ def main() -> None:
     ap.add_argument("--dir", type=Path, default=ROOT / "results" / "stay_up")
     ap.add_argument("--out", type=Path, default=ROOT.parent / "docs" / "img" / "mujoco_curves.png")
     ap.add_argument("--runs", nargs="*", default=None)
+    ap.add_argument("--sims", nargs="+", choices=("mujoco", "bcg"), default=["mujoco", "bcg"])
     args = ap.parse_args()
     curves = gather(args.dir, args.runs)
     if not curves:
         raise SystemExit(f"no curve_*.csv under {args.dir} (run `bcg curve RUN` and copy its curve.csv there)")
-    print(f"wrote {plot(curves, args.out)}")
+    print(f"wrote {plot(curves, args.out, tuple(args.sims))}")
 
 
 if __name__ == "__main__":

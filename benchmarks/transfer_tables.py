@@ -15,7 +15,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-
 LEVERS: tuple[str, ...] = ("domain_randomization", "adaptive_start", "termination_anchor_height",
                            "termination_gravity_z", "termination_end_effector_height", "replay_threshold",
                            "action_scale_torque", "soft_contact_timeconst", "contact_beta")
@@ -62,7 +61,7 @@ def last_row(run: Path) -> dict[str, str]:
 
 def table(root: Path) -> str:
     lines = ["| run | clip | settings | lr schedule | iterations | samples | training [s] | MuJoCo: falls of 8, mean "
-             "episode [s], E_track [cm] | ours: falls, mean episode, E_track |", "|---|---|---|---|---|---|---|---|---|"]
+             "episode [s], E_track [cm] | ours: falls, mean episode, E_track |", "|---" * 9 + "|"]
     for run in sorted(p for p in root.iterdir() if any(p.glob("eval_*.json"))):
         cfg = json.loads((run / "config.json").read_text())
         evals = sorted(run.glob("eval_*.json"))
@@ -73,15 +72,61 @@ def table(root: Path) -> str:
         for sim in ("mujoco", "bcg"):
             m = ev[sim]
             cols.append(f"{m['falls']}, {m['mean_episode_seconds']:.1f}, {m['e_track_cm']:.1f}")
-        lines.append(f"| {run.name} | {clip} | {settings(cfg)} | {schedule(cfg)} | {last['iteration']} | {int(float(last['samples']))} | "
-                     f"{float(last['wall_time_s']):.0f} | {cols[0]} | {cols[1]} |")
+        lines.append(f"| {run.name} | {clip} | {settings(cfg)} | {schedule(cfg)} | {last['iteration']} | "
+                     f"{int(float(last['samples']))} | {float(last['wall_time_s']):.0f} | {cols[0]} | {cols[1]} |")
+    return "\n".join(lines)
+
+
+ABLATION: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("`bcg train` default (all layers, schedule over the budget)", ("ts-bcg-run-s0", "ts-bcg-run-s1")),
+    ("schedule over 500 iterations (the rest on)", ("drlay-bcg-run-s0", "drlay-bcg-run-s1")),
+    ("no domain randomisation", ("ts-nodr-bcg-run-s0",)),
+    ("no adaptive start states", ("ts-noadapt-bcg-run-s0",)),
+    ("no deviation terminations", ("ts-noterm-bcg-run-s0",)),
+)
+"""The ablation on the run clip (SHAC+BCG, 1200 s): each lever off, the rest on."""
+
+METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("SHAC+BCG", ("ts-bcg-run-s0", "ts-bcg-run-s1")),
+    ("SHAC (bptt)", ("ts-bptt-run-s0",)),
+    ("PPO", ("ts-ppo-run-s0",)),
+)
+"""The three methods on the run clip at the same settings and budget (1200 s)."""
+
+
+def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: str) -> str:
+    """One row per group of runs (seeds): MuJoCo falls summed over seeds and episodes, mean episode and E_track
+    averaged over seeds (with each seed's value), samples; the groups whose runs are not all kept are left out."""
+    lines = [f"| {first} | seeds | samples per seed | MuJoCo: falls, mean episode [s], E_track [cm] | ours: falls, "
+             "mean episode [s], E_track [cm] |", "|---|---|---|---|---|"]
+    for label, names in groups:
+        runs = [root / n for n in names]
+        if not all(r.exists() and any(r.glob("eval_*.json")) for r in runs):
+            continue
+        evals = [json.loads(sorted(r.glob("eval_*.json"))[0].read_text()) for r in runs]
+        samples = [int(float(last_row(r)["samples"])) for r in runs]
+        cols = []
+        for sim in ("mujoco", "bcg"):
+            falls = sum(e[sim]["falls"] for e in evals)
+            episodes = sum(e[sim]["episodes"] for e in evals)
+            ep = [e[sim]["mean_episode_seconds"] for e in evals]
+            err = [e[sim]["e_track_cm"] for e in evals]
+            each = " / ".join(f"{x:.1f}" for x in err)
+            cols.append(f"{falls} of {episodes}, {sum(ep) / len(ep):.1f}, {sum(err) / len(err):.1f}"
+                        + (f" ({each})" if len(err) > 1 else ""))
+        lines.append(f"| {label} | {len(runs)} | {sum(samples) / len(samples) / 1e6:.2f} M | {cols[0]} | {cols[1]} |")
     return "\n".join(lines)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path(__file__).parent / "results" / "stay_up")
-    print(table(ap.parse_args().dir))
+    root = ap.parse_args().dir
+    print(table(root))
+    print("\nAblation, run clip:\n")
+    print(grouped(root, ABLATION, "levers"))
+    print("\nMethods, run clip:\n")
+    print(grouped(root, METHODS, "method"))
 
 
 if __name__ == "__main__":
