@@ -36,7 +36,7 @@ class Options:
     """Sizes and outputs of the estimator benchmark."""
 
     clips: tuple[str, ...] = ("jump", "run")
-    """Reference clips."""
+    """Reference clips: packaged names or motion files (as bcg train --motion)."""
     kappas: tuple[float, ...] = (300.0, 50.0)
     """Contact stiffnesses [1/m]."""
     windows: tuple[int, ...] = (8, 16, 32)

@@ -96,7 +96,7 @@ def test_statistics() -> None:
     assert s["a"]["V_ci"][0] < s["a"]["V"] * 1.3 and s["a"]["V_ci"][1] > s["a"]["V"] * 0.5
     assert parse_spec("bcg:tau=200.0,aggregation=per_foot,antithetic=True") == (
         "bcg", {"tau": 200.0, "aggregation": "per_foot", "antithetic": True})
-    with pytest.raises(ValueError, match="unknown clip"):
+    with pytest.raises(ValueError, match="motion 'walk' is neither a packaged clip"):
         make_study_env("walk", 300.0, 2)
     with pytest.raises(ValueError, match="num_envs"):
         VarianceStudy(num_envs=1)

@@ -30,6 +30,23 @@ def test_variance_study_writes_json_png_markdown(tmp_path: Path) -> None:
     assert "](study_variance.png)" in md and md.count("| jump | 300 |") == 4
 
 
+def test_variance_study_on_a_clip_file_of_the_user(tmp_path: Path) -> None:
+    """--clips takes what bcg train --motion takes: a motion file too (it refused anything but the 4 names)."""
+    from bcg.motion import load_motion
+
+    clip = load_motion("jump").save(tmp_path / "myjump.npz")
+    out = tmp_path / "var"
+    assert main(["study", "variance", "--clips", str(clip), "--estimators", "bptt", "--windows", "2", "--seeds", "0",
+                 "--num-envs", "4", "--bootstrap", "20", "--out", str(out)]) == 0
+    data = json.loads((out / "variance.json").read_text())
+    from bcg.motion.formats import motion_sha256
+
+    assert data["entries"][0]["study"]["clip"] == str(clip)
+    assert data["entries"][0]["study"]["clip_sha256"] == motion_sha256(clip)  # which file, exactly
+    assert data["entries"][0]["summary"]["bptt"]["V"] > 0
+    assert "| myjump | 300 |" in (out / "variance.md").read_text()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--estimators", "bptt", "magic"], "unknown estimator 'magic' (in 'magic'); registered: "),
     (["--estimators", "bcg:nonsense=3"], "nonsense"),

@@ -49,7 +49,8 @@ class VarianceStudy:
     """One measurement configuration (a clip, a stiffness, a window length, environments and seeds)."""
 
     clip: str = "jump"
-    """Reference clip of the environment: ``run``, ``jump``, ``fight`` or ``dance`` (``BCG-G1-<Clip>-v0``)."""
+    """Reference clip of the environment: ``run``, ``jump``, ``fight``, ``dance`` (``BCG-G1-<Clip>-v0``) or the path
+    of a motion file (``.npz`` / ``.csv``, as ``bcg train --motion``)."""
     kappa: float = 300.0
     """Contact stiffness of the simulator [1/m]."""
     num_envs: int = 64
@@ -99,15 +100,14 @@ class VarianceStudy:
 
 
 def make_study_env(clip: str, kappa: float, num_envs: int, device: str = "cpu") -> Any:
-    """The differentiable batched env ``BCG-G1-<Clip>-v0`` (unwrapped) with ``num_envs`` rows at stiffness kappa."""
-    import gymnasium as gym
+    """The differentiable batched env of ``clip`` (a packaged name, as ``BCG-G1-<Clip>-v0``, or a motion file, as
+    ``bcg train --motion`` takes) with ``num_envs`` rows at stiffness kappa. An unknown name or a missing or malformed
+    file raises :class:`~bcg.errors.UserError`."""
+    from bcg.envs.vector_env import G1TrackingVectorEnv
+    from bcg.motion.formats import resolve_motion_path
 
-    import bcg  # noqa: F401  (registers the ids)
-
-    name = f"BCG-G1-{clip.capitalize()}-v0"
-    if name not in gym.registry:
-        raise ValueError(f"unknown clip {clip!r}: expected one of run, jump, fight, dance")
-    return gym.make_vec(name, num_envs=num_envs, differentiable=True, kappa=float(kappa), device=device).unwrapped
+    resolve_motion_path(clip)  # a wrong name or path: one line that says what is accepted
+    return G1TrackingVectorEnv(num_envs, clip, differentiable=True, kappa=float(kappa), device=device)
 
 
 def start_states(env: Any, seed: int, count: int, window: int) -> Any:
@@ -504,7 +504,10 @@ def run_study(study: VarianceStudy, estimators: Sequence[str] = ("bptt", "grs", 
 
 
 def study_dict(study: VarianceStudy) -> dict[str, Any]:
-    """The study's fields as a JSON-ready dict."""
+    """The study's fields as a JSON-ready dict, with the sha256 of the clip's file (``clip_sha256``)."""
+    from bcg.motion.formats import motion_sha256
+
     d = dataclasses.asdict(study)
     d["seeds"] = list(study.seeds)
+    d["clip_sha256"] = motion_sha256(study.clip)
     return d

@@ -80,7 +80,7 @@ class StudyVariance:
     """Estimator specs, name[:key=value,...] (any registered, plugins included); the first is the reference of the
     ratios."""
     clips: tuple[str, ...] = ("jump",)
-    """Clips: run, jump, fight, dance."""
+    """Clips: run, jump, fight, dance, or motion files (.npz / .csv, as bcg train --motion)."""
     kappas: tuple[float, ...] = (300.0,)
     """Contact stiffnesses [1/m]."""
     windows: tuple[int, ...] = (8, 16, 32)
@@ -141,6 +141,7 @@ class StudyVariance:
         from bcg.agents.checkpoint import CheckpointError
         from bcg.agents.export import load_policy
         from bcg.agents.train import export_run
+        from bcg.evaluation.evaluate_cli import policy_motion
         from bcg.evaluation.gradient_variance import (
             VarianceStudy,
             estimator_gradients,
@@ -162,7 +163,7 @@ class StudyVariance:
         entries, env = [], None
         for it, ckpt in chosen:
             policy = load_policy(export_run(ckpt, self.out / "policies" / f"iter_{it:06d}.pt"))
-            clip = str(policy.motion.get("name"))
+            clip = policy_motion(policy.motion)  # a packaged name, or the run's own file (its hash checked)
             kappa = float(policy.meta.get("env", {}).get("kappa") or 300.0)
             if env is None:
                 env = make_study_env(clip, kappa, 2 * self.num_envs, self.device)
@@ -274,12 +275,15 @@ def variance_plot(data: dict[str, Any], path: Path) -> Path:
             ax.plot(t, v, "o-", color=f"C{i}", ms=3, lw=1.2, label=name)
             ax.fill_between(t, lo, hi, color=f"C{i}", alpha=0.2, lw=0)
             if len(t) == 1:
-                ax.errorbar(t, v, yerr=[[v[0] - lo[0]], [hi[0] - v[0]]], color=f"C{i}", capsize=3)
+                # a percentile bootstrap interval of few environments need not contain the estimate itself
+                ax.errorbar(t, v, yerr=[[max(v[0] - lo[0], 0.0)], [max(hi[0] - v[0], 0.0)]], color=f"C{i}",
+                            capsize=3)
         ax.set_yscale("log")
         ax.set_xlabel("training iteration" if over else "window T [control steps]", fontsize=8)
         ax.set_ylabel("summed gradient variance V", fontsize=8)
         e0 = es[0]["study"]
-        ax.set_title(f"{e0['clip']}, kappa {e0['kappa']:g}" + (f", T {e0['window']}" if over else ""), fontsize=9)
+        ax.set_title(f"{Path(e0['clip']).stem}, kappa {e0['kappa']:g}" + (f", T {e0['window']}" if over else ""),
+                     fontsize=9)
         style_axis(ax)
         ax.legend(fontsize=7)
     return save_figure(fig, path)
@@ -308,7 +312,7 @@ def variance_markdown(data: dict[str, Any]) -> str:
         st = e["study"]
         for name in data["estimators"]:
             s = e["summary"][name]
-            lines.append(f"| {st['clip']} | {st['kappa']:g} | {st['window']} | {st.get('iteration', '–')} | "
+            lines.append(f"| {Path(st['clip']).stem} | {st['kappa']:g} | {st['window']} | {st.get('iteration', '–')} | "
                          f"{name} | {g(s['V'])} | "
                          f"[{g(s['V_ci'][0])}, {g(s['V_ci'][1])}] | {g(s['ratio'])} | [{g(s['ratio_ci'][0])}, "
                          f"{g(s['ratio_ci'][1])}] | {g(s['trigger_rate'])} | {g(s['fell'])} | {g(s['seconds'])} |")
