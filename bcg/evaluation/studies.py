@@ -476,7 +476,7 @@ class StudySensitivity:
     full state-gradient vectors with a 95 % ellipse; one panel pair per kappa."""
 
     clip: str = "jump"
-    """Clip: run, jump, fight, dance."""
+    """Clip: run, jump, fight, dance, or a motion file (as bcg train --motion)."""
     kappas: tuple[float, ...] = (50.0, 300.0)
     """Contact stiffnesses [1/m] (one row of panels each)."""
     branches: int = 64
