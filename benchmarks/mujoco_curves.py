@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from bcg.evaluation.learning_curve import CurvePoint, read_curve
-from bcg.evaluation.report import pyplot, style_axis
+from bcg.evaluation.report import pyplot, save_figure, style_axis
 
 ROOT = Path(__file__).resolve().parent
 
@@ -61,11 +61,8 @@ def plot(curves: dict[str, dict[str, list[CurvePoint]]], path: Path, sims: tuple
             if row == len(measures) - 1:
                 ax.set_xlabel("environment samples", fontsize=8)
         axes[0][col].legend(fontsize=6)
-    fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main() -> None:

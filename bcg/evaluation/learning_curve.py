@@ -180,7 +180,7 @@ def read_curve(path: str | Path) -> list[CurvePoint]:
 def plot_curve(curves: dict[str, list[CurvePoint]], path: Path, title: str = "") -> Path:
     """One figure of any number of labelled curves: fall rate, mean episode [s] and E_track [cm] against samples
     (top row) and training wall time (bottom row); solid lines MuJoCo, dashed our simulator."""
-    from bcg.evaluation.report import pyplot, style_axis
+    from bcg.evaluation.report import pyplot, save_figure, style_axis
 
     plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(13, 7), squeeze=False)
@@ -202,10 +202,7 @@ def plot_curve(curves: dict[str, list[CurvePoint]], path: Path, title: str = "")
     axes[0][0].legend(fontsize=7)
     if title:
         fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 @dataclass(frozen=True)
