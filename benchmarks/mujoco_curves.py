@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bcg.evaluation.learning_curve import CurvePoint, read_curve
+from bcg.evaluation.learning_curve import MEASURES, CurvePoint, plot_lines, read_curve
 from bcg.evaluation.report import pyplot, save_figure, style_axis
 
 ROOT = Path(__file__).resolve().parent
@@ -38,27 +38,18 @@ def plot(curves: dict[str, dict[str, list[CurvePoint]]], path: Path, sims: tuple
     plt = pyplot()
     order = ("run", "jump", "fight", "dance")  # the packaged clips first, in the paper's order; real clips after
     clips = sorted(curves, key=lambda c: (order.index(c) if c in order else len(order), c))
-    fig, axes = plt.subplots(3, len(clips), figsize=(4.2 * len(clips), 8), squeeze=False)
+    fig, axes = plt.subplots(len(MEASURES), len(clips), figsize=(4.2 * len(clips), 8), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    measures = (("fall rate", lambda p, s: getattr(p, f"{s}_falls") / max(getattr(p, f"{s}_episodes"), 1)),
-                ("mean episode [s]", lambda p, s: getattr(p, f"{s}_mean_episode_s")),
-                ("E_track [cm]", lambda p, s: getattr(p, f"{s}_e_track_cm")))
     for col, clip in enumerate(clips):
-        for row, (ylabel, value) in enumerate(measures):
+        for row, (ylabel, value) in enumerate(MEASURES):
             ax = axes[row][col]
             for k, (run, pts) in enumerate(curves[clip].items()):
-                x = [p.samples for p in pts]
-                if "mujoco" in sims:
-                    ax.plot(x, [value(p, "mujoco") for p in pts], "-", marker=".", color=colors[k % len(colors)],
-                            label=f"{run} (MuJoCo)" if len(sims) > 1 else run)
-                if "bcg" in sims:
-                    ax.plot(x, [value(p, "bcg") for p in pts], "--", color=colors[k % len(colors)], alpha=0.6,
-                            label=f"{run} (ours)")
+                plot_lines(ax, run, pts, "samples", value, colors[k % len(colors)], sims)
             ax.set_ylabel(ylabel, fontsize=8)
             style_axis(ax)
             if row == 0:
                 ax.set_title(clip, fontsize=9)
-            if row == len(measures) - 1:
+            if row == len(MEASURES) - 1:
                 ax.set_xlabel("environment samples", fontsize=8)
         axes[0][col].legend(fontsize=6)
     path.parent.mkdir(parents=True, exist_ok=True)

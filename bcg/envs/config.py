@@ -16,9 +16,14 @@ from typing import Any, Literal
 
 from bcg.envs.randomization import DomainRandomization
 
-__all__ = ["DYNAMICS_FIELDS", "LAYER_FIELDS", "EnvConfig", "ObservationNoise", "check_count"]
+__all__ = ["DYNAMICS_FIELDS", "DYNAMICS_PARAMS", "LAYER_FIELDS", "EnvConfig", "ObservationNoise", "check_count"]
 
-DYNAMICS_FIELDS: tuple[str, ...] = ("kappa", "substeps", "sim_dt", "soft_contact_timeconst", "contact_beta")
+DYNAMICS_PARAMS: dict[str, tuple[str, type]] = {
+    "kappa": ("kappa", float), "substeps": ("substeps", int), "sim_dt": ("dt", float),
+    "soft_contact_timeconst": ("soft_timeconst", float), "contact_beta": ("beta", float)}
+"""Each dynamics field of EnvConfig: its :func:`bcg.sim.load_model` parameter and type."""
+
+DYNAMICS_FIELDS: tuple[str, ...] = tuple(DYNAMICS_PARAMS)
 """The EnvConfig fields that set the simulator's dynamics (None: its default). Policy files record them, and a
 replay of a policy uses them (:meth:`EnvConfig.sim_params` maps them onto :class:`bcg.sim.ContactParams`)."""
 
@@ -215,9 +220,7 @@ class EnvConfig:
     def sim_params(self) -> dict[str, Any]:
         """The :func:`bcg.sim.load_model` parameters of the :data:`DYNAMICS_FIELDS` that are set (the others keep
         the simulator's defaults)."""
-        names = {"kappa": ("kappa", float), "substeps": ("substeps", int), "sim_dt": ("dt", float),
-                 "soft_contact_timeconst": ("soft_timeconst", float), "contact_beta": ("beta", float)}
-        return {param: cast(getattr(self, field)) for field, (param, cast) in names.items()
+        return {param: cast(getattr(self, field)) for field, (param, cast) in DYNAMICS_PARAMS.items()
                 if getattr(self, field) is not None}
 
     @staticmethod

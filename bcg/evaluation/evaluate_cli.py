@@ -70,14 +70,14 @@ def policy_env_kwargs(policy: Any) -> dict[str, Any]:
     """The replay env's keyword arguments that a policy file fixes: its action map, and the dynamics options it was
     trained with (None: the env's default), i.e. the contact parameters of our simulator's replay and the substep and
     substep count, hence the control rate, of both simulators."""
-    from bcg.envs.config import DYNAMICS_FIELDS
+    from bcg.envs.config import DYNAMICS_PARAMS
 
     env_kwargs: dict[str, Any] = {"action_scale": policy.action_scale.detach().cpu().double().numpy(),
                                   "action_offset": policy.action_offset}
-    for key in DYNAMICS_FIELDS:
+    for key, (_, cast) in DYNAMICS_PARAMS.items():
         value = policy.meta.get("env", {}).get(key)
         if value is not None:
-            env_kwargs[key] = int(value) if key == "substeps" else float(value)
+            env_kwargs[key] = cast(value)
     return env_kwargs
 
 

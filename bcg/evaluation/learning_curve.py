@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +28,8 @@ import tyro
 
 from bcg.errors import InputNotFoundError, UserError
 
-__all__ = ["CURVE_COLUMNS", "Curve", "CurvePoint", "checkpoint_report", "curve_dir", "learning_curve", "plot_curve",
-           "read_curve", "write_curve"]
+__all__ = ["CURVE_COLUMNS", "MEASURES", "SIMULATORS", "Curve", "CurvePoint", "checkpoint_report", "curve_dir",
+           "learning_curve", "plot_curve", "plot_lines", "read_curve", "write_curve"]
 
 SIMULATORS: tuple[str, ...] = ("mujoco", "bcg")
 
@@ -92,9 +93,9 @@ def _training_progress(run_dir: Path) -> dict[int, tuple[int, float]]:
 
 
 def checkpoint_report(checkpoint: Path, motion: str | None, options: Any, *, progress: bool = False
-                      ) -> tuple[dict[str, Any], str]:
-    """``(report dict, clip)`` of one checkpoint replayed in both simulators under ``options``; ``motion`` None: the
-    policy's own clip."""
+                      ) -> dict[str, Any]:
+    """The report dict (``TransferReport.to_dict()``) of one checkpoint replayed in both simulators under ``options``;
+    ``motion`` None: the policy's own clip."""
     from bcg.agents.export import ExportedPolicy
     from bcg.agents.train import checkpoint_export
     from bcg.evaluation.evaluate_cli import policy_env_kwargs, policy_motion
@@ -107,7 +108,7 @@ def checkpoint_report(checkpoint: Path, motion: str | None, options: Any, *, pro
     clip = motion if motion is not None else policy_motion(policy.motion)
     report, _ = evaluate_transfer(policy, clip, options, label=str(checkpoint), progress=progress,
                                   env_kwargs=policy_env_kwargs(policy))
-    return report.to_dict(), clip
+    return report.to_dict()
 
 
 def learning_curve(run_dir: str | Path, options: Any = None, *, motion: str | None = None, every: int = 1,
@@ -117,7 +118,6 @@ def learning_curve(run_dir: str | Path, options: Any = None, *, motion: str | No
     ``iter_NNNNNN.json`` and reused by later calls. ``options``: a
     :class:`~bcg.evaluation.mujoco_transfer.TransferOptions` (None: ``bcg evaluate``'s default protocol)."""
     from bcg.agents.checkpoint import list_checkpoints
-    from bcg.agents.train import config_from_dict
     from bcg.evaluation.mujoco_transfer import TransferOptions
 
     run = Path(run_dir)
@@ -131,7 +131,7 @@ def learning_curve(run_dir: str | Path, options: Any = None, *, motion: str | No
     options = options or TransferOptions()
     chosen = [c for k, c in enumerate(checkpoints) if k % every == 0 or k == len(checkpoints) - 1]
     progress_of = _training_progress(run)
-    clip = motion or config_from_dict(json.loads((run / "config.json").read_text())).motion
+    clip = motion or json.loads((run / "config.json").read_text())["motion"]  # names the output folder only
     out = curve_dir(run, clip, options)
     out.mkdir(parents=True, exist_ok=True)
     points = []
@@ -141,7 +141,7 @@ def learning_curve(run_dir: str | Path, options: Any = None, *, motion: str | No
         if cache.is_file():
             report = json.loads(cache.read_text())
         else:
-            report, _ = checkpoint_report(path, motion, options)
+            report = checkpoint_report(path, motion, options)
             cache.write_text(json.dumps(report, indent=2) + "\n")
         samples, wall = progress_of.get(iteration, (0, float("nan")))
         points.append(CurvePoint.from_report(iteration, samples, wall, report))
@@ -177,25 +177,38 @@ def read_curve(path: str | Path) -> list[CurvePoint]:
     return [CurvePoint(**{c: types[c](float(r[c])) for c in CURVE_COLUMNS}) for r in rows]
 
 
+MEASURES: tuple[tuple[str, Callable[[CurvePoint, str], float]], ...] = (
+    ("fall rate", lambda p, sim: getattr(p, f"{sim}_falls") / max(getattr(p, f"{sim}_episodes"), 1)),
+    ("mean episode [s]", lambda p, sim: getattr(p, f"{sim}_mean_episode_s")),
+    ("E_track [cm]", lambda p, sim: getattr(p, f"{sim}_e_track_cm")))
+"""The plotted measures: (axis label, the value of a point in a simulator, ``mujoco`` or ``bcg``)."""
+
+
+def plot_lines(ax: Any, label: str, points: list[CurvePoint], xname: str, value: Callable[[CurvePoint, str], float],
+               color: str, sims: tuple[str, ...] = SIMULATORS) -> None:
+    """One run's curve of one measure on ``ax`` against ``xname`` (a :class:`CurvePoint` field): solid with markers
+    for MuJoCo, dashed for our simulator; the legend names the simulator when both are drawn."""
+    x = [getattr(p, xname) for p in points]
+    for sim in sims:
+        name = f"{label} ({'MuJoCo' if sim == 'mujoco' else 'ours'})" if len(sims) > 1 else label
+        style = {"marker": "."} if sim == "mujoco" else {"alpha": 0.6}
+        ax.plot(x, [value(p, sim) for p in points], "-" if sim == "mujoco" else "--", color=color, label=name,
+                **style)
+
+
 def plot_curve(curves: dict[str, list[CurvePoint]], path: Path, title: str = "") -> Path:
-    """One figure of any number of labelled curves: fall rate, mean episode [s] and E_track [cm] against samples
-    (top row) and training wall time (bottom row); solid lines MuJoCo, dashed our simulator."""
+    """One figure of any number of labelled curves: the :data:`MEASURES` against samples (top row) and training
+    wall time (bottom row); solid lines MuJoCo, dashed our simulator."""
     from bcg.evaluation.report import pyplot, save_figure, style_axis
 
     plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(13, 7), squeeze=False)
-    measures = (("fall rate", lambda p, s: getattr(p, f"{s}_falls") / max(getattr(p, f"{s}_episodes"), 1)),
-                ("mean episode [s]", lambda p, s: getattr(p, f"{s}_mean_episode_s")),
-                ("E_track [cm]", lambda p, s: getattr(p, f"{s}_e_track_cm")))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for row, (xname, xlabel) in enumerate((("samples", "environment samples"), ("wall_time_s", "training time [s]"))):
-        for col, (ylabel, value) in enumerate(measures):
+        for col, (ylabel, value) in enumerate(MEASURES):
             ax = axes[row][col]
             for k, (label, pts) in enumerate(curves.items()):
-                x = [getattr(p, xname) for p in pts]
-                for sim, style in (("mujoco", "-"), ("bcg", "--")):
-                    ax.plot(x, [value(p, sim) for p in pts], style, marker=".", color=colors[k % len(colors)],
-                            label=f"{label} ({'MuJoCo' if sim == 'mujoco' else 'ours'})")
+                plot_lines(ax, label, pts, xname, value, colors[k % len(colors)])
             ax.set_xlabel(xlabel, fontsize=8)
             ax.set_ylabel(ylabel, fontsize=8)
             style_axis(ax)
@@ -242,6 +255,7 @@ class Curve:
             resolve_motion_path(self.motion)  # a wrong clip is refused before any replay
         points, out = learning_curve(self.run_dir, self.options(), motion=self.motion, every=self.every,
                                      progress=self.progress)
+        replacing = (out / "curve.csv").exists()
         csv_path = write_curve(points, out / "curve.csv")
         png = plot_curve({self.run_dir.name: points}, out / "curve.png", title=str(self.run_dir))
         print(f"{'iteration':>9} {'samples':>9} {'time [s]':>8} | MuJoCo falls, episode [s], E_track [cm] | ours")
@@ -249,5 +263,6 @@ class Curve:
             print(f"{p.iteration:>9} {p.samples:>9} {p.wall_time_s:>8.0f} | {p.mujoco_falls}/{p.mujoco_episodes}, "
                   f"{p.mujoco_mean_episode_s:.1f}, {p.mujoco_e_track_cm:.1f} | {p.bcg_falls}/{p.bcg_episodes}, "
                   f"{p.bcg_mean_episode_s:.1f}, {p.bcg_e_track_cm:.1f}")
-        print(f"wrote {csv_path} and {png}")
+        print(f"wrote {csv_path} and {png}" + (" (replacing the earlier ones; every scored checkpoint's report is kept "
+                                                 "beside them)" if replacing else ""))
         return 0
