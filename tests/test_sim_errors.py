@@ -109,7 +109,7 @@ def test_root_positions_beyond_the_float32_range_are_refused(g1_model):
     for axis, value in ((0, 1e10), (1, -2 * MAX_ROOT_POSITION), (2, 1.01 * MAX_ROOT_POSITION)):
         far = q.clone()
         far[0, axis] = value
-        with pytest.raises(ValueError, match=r"q has a root position beyond bcg.sim.bridge.MAX_ROOT_POSITION = 10000 m "
+        with pytest.raises(ValueError, match=r"q has a root position beyond bcg.sim.MAX_ROOT_POSITION = 10000 m "
                                              r"\(largest \|x\|, \|y\|, \|z\| = .* environments \[0\]\)"):
             step(g1_model, far, qd, tg)
         with pytest.raises(ValueError, match="root position beyond"):

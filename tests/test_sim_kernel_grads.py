@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 import warp as wp
+from sim_launch import run_control_step, sum_squares_reloaded
 
 from bcg.robots import g1
-from bcg.sim import kernels as K
 from bcg.sim.bridge import unpack_tree
-from bcg.sim.engine import StepArrays, run_control_step, substep_launches
+from bcg.sim.engine import StepArrays, substep_launches
 
 KERNELS = ["fk_rnea", "composite", "mass_tau", "factor_free", "contact_setup", "pgs", "apply_contact",
            "limit_guard_integrate"]
@@ -270,7 +270,7 @@ def test_loop_carried_value_is_reloaded_before_nonlinear_use():
     y = wp.zeros(1, dtype=float, requires_grad=True)
     tape = wp.Tape()
     with tape:
-        wp.launch(K.sum_squares_reloaded, dim=1, inputs=[x, 3, tmp, y])
+        wp.launch(sum_squares_reloaded, dim=1, inputs=[x, 3, tmp, y])
     tape.backward(grads={y: wp.array([1.0], dtype=float)})
     np.testing.assert_allclose(x.grad.numpy(), [12.0, 12.0, 12.0])
 

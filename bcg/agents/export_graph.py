@@ -88,7 +88,7 @@ def graph_metadata(policy: ExportedPolicy) -> dict[str, Any]:
     """Everything a deployment stack needs besides the graph: joint order, PD gains, torque limits, default pose,
     action scale and map, control rate, observation layout, input and output names, MJCF hash, clip, provenance."""
     from bcg.robots import g1
-    from bcg.sim.model import ContactParams
+    from bcg.sim import ContactParams
 
     meta = policy.meta
     env = dict(meta.get("env", {}))

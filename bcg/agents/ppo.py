@@ -49,7 +49,7 @@ from bcg.envs.config import EnvConfig
 from bcg.envs.sb3 import SB3VecEnv
 from bcg.envs.state import EnvState
 from bcg.envs.vector_env import G1TrackingVectorEnv
-from bcg.sim.physics import Physics
+from bcg.sim import Physics
 
 __all__ = ["PRESETS", "AdaptiveKLPPO", "KLPolicy", "PPOAgent", "PPOConfig", "adaptive_kl_lr", "gaussian_kl"]
 

@@ -559,7 +559,7 @@ class SHAC:
         weights_only=True)`` reads it): networks, target critics, optimisers, the schedule position (iteration),
         normalisers, the environment's state, generator and layer state (adaptive start scores), the estimator's
         state, the ADD reward's state, the agent's and torch's RNG states, counters."""
-        from bcg.sim.physics import Physics
+        from bcg.sim import Physics
 
         s = self.env.state
         env_state: dict[str, Any] = {}
@@ -609,7 +609,7 @@ class SHAC:
         """Restore :meth:`state_dict`'s output into this agent (built with the same config and environment);
         afterwards ``train_iteration`` repeats the original run's numbers (bit for bit on CPU)."""
         from bcg.envs.state import EnvState
-        from bcg.sim.physics import Physics
+        from bcg.sim import Physics
 
         if state.get("format") == "bcg.shac/1":
             state = _stack_critics_of_v1(state, self.critics)

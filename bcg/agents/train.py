@@ -913,7 +913,7 @@ def train(cfg: TrainConfig, *, agent_factory: Callable[[TrainConfig], Any] = bui
     the run recorded it."""
     import torch
 
-    from bcg.sim.device import check_device
+    from bcg.sim import check_device
 
     check_device(cfg.device)
     if cfg.torch_threads is not None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bcg.sim.physics import Physics
+from bcg.sim import Physics
 
 __all__ = ["DomainRandomization", "sample_physics", "uniform"]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from bcg.sim.physics import Physics
+from bcg.sim import Physics
 
 __all__ = ["EnvState"]
 

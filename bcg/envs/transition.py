@@ -17,9 +17,7 @@ from typing import Protocol
 import torch
 
 from bcg.envs.state import EnvState
-from bcg.sim.model import SimModel
-from bcg.sim.physics import Physics
-from bcg.sim.reference import ContactReport
+from bcg.sim import ContactReport, Physics, SimModel
 
 __all__ = ["TransitionFn", "hash_uniform", "simulator_step"]
 

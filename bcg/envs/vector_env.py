@@ -46,7 +46,6 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 import bcg.sim
-import bcg.sim.bridge
 from bcg.envs.actions import ActionMap, default_action_scale
 from bcg.envs.config import EnvConfig, check_count
 from bcg.envs.demo_replay import DemonstrationReplay
@@ -67,8 +66,7 @@ from bcg.envs.warp_reward import WarpTrackingReward
 from bcg.envs.warp_step import WarpStepOutputs
 from bcg.motion.features import FeatureFn, Features
 from bcg.motion.rotations import euler_to_quat_wxyz, quat_mul_wxyz
-from bcg.sim.physics import Physics, default_physics
-from bcg.sim.reference import ContactReport
+from bcg.sim import ContactReport, Physics, default_physics
 
 __all__ = ["G1TrackingVectorEnv", "MAX_SEED"]
 
@@ -82,7 +80,7 @@ _NEXT_KEY_ADD = 0x5BD1E995  # the constant of G1TrackingVectorEnv._next_keys
 
 def _sim_bounds() -> tuple[float, float]:
     """(largest |qd| entry, largest |root position| component) the simulator accepts, read at call time."""
-    return float(bcg.sim.MAX_SPEED), float(bcg.sim.bridge.MAX_ROOT_POSITION)
+    return float(bcg.sim.MAX_SPEED), float(bcg.sim.MAX_ROOT_POSITION)
 
 
 def _check_seed(seed: Any) -> int | None:

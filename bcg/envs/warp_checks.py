@@ -97,7 +97,7 @@ class UnstableCheck:
 
     def __call__(self, q: torch.Tensor, qd: torch.Tensor, limit: float, max_pos: float, max_qd: float
                  ) -> torch.Tensor:
-        from bcg.sim.replay import TensorLaunch
+        from bcg.sim import TensorLaunch
 
         n = q.shape[0]
         key = (float(limit), float(max_pos), float(max_qd))

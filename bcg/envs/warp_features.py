@@ -25,7 +25,7 @@ import warp as wp
 from torch.autograd.function import once_differentiable
 
 from bcg.motion.features import FeatureFn, Features
-from bcg.sim.model import SimModel
+from bcg.sim import SimModel
 
 __all__ = ["BucketPool", "WarpFeatureFn", "WarpKinematics", "bucket", "cpu_array", "head", "struct_of"]
 
@@ -195,7 +195,7 @@ class _Buffers:
     """Warp arrays of one batch size, their torch views, and both launches packed once (``bcg.sim.replay``)."""
 
     def __init__(self, kin: WarpKinematics, n: int):
-        from bcg.sim.replay import TensorLaunch, prepack
+        from bcg.sim import TensorLaunch, prepack
 
         dev, nb, nk, nq = kin.wp_device, kin.nb, kin.nk, kin.nq
         self.q = wp.zeros((n, nq), dtype=wp.float32, device=dev)

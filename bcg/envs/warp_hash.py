@@ -74,7 +74,7 @@ class WarpHash:
 
     def hash32(self, x: torch.Tensor, add: int = 0) -> torch.Tensor:
         """``_hash32(x + add)`` [K] int64 (values in [0, 2^32))."""
-        from bcg.sim.replay import prepack
+        from bcg.sim import prepack
 
         n = x.shape[0]
         with self.lock:
@@ -90,7 +90,7 @@ class WarpHash:
 
     def uniform(self, key: torch.Tensor, counter: torch.Tensor, width: int, stream: int) -> torch.Tensor:
         """``hash_uniform(key, counter, width, stream)`` [K, width] float32."""
-        from bcg.sim.replay import prepack
+        from bcg.sim import prepack
 
         n = key.shape[0]
         with self.lock:

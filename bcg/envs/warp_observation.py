@@ -233,7 +233,7 @@ class _Buffers:
     """Warp arrays of one batch size, their torch views, and both launches packed once (``bcg.sim.replay``)."""
 
     def __init__(self, wo: WarpObservation, n: int):
-        from bcg.sim.replay import TensorLaunch, prepack
+        from bcg.sim import TensorLaunch, prepack
 
         dev, nb, nj, nk, k = wo.wp_device, wo.nb, wo.nj, wo.nk, wo.ref_steps
         shapes = {"root_pos": ((n,), wp.vec3), "root_rot": ((n,), wp.mat33), "lin_vel": ((n,), wp.vec3),

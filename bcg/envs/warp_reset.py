@@ -109,7 +109,7 @@ class WarpTableReset:
                 and obs.dtype == torch.float32 and obs.device.type == "cpu")
 
     def _launch(self, n: int) -> object:
-        from bcg.sim.replay import TensorLaunch
+        from bcg.sim import TensorLaunch
 
         run = self._launches.get(n)
         if run is None:

@@ -273,7 +273,7 @@ class _Buffers:
         for name in ("body_pos", "frame", "terms", "reward", "g_reward", "out"):
             setattr(self, "t_" + name, wp.to_torch(getattr(self, name)))
         self.launches: dict[tuple, tuple] = {}  # weights -> (forward, backward), packed on first use
-        from bcg.sim.replay import TensorLaunch
+        from bcg.sim import TensorLaunch
 
         cmd = wp.launch(_metrics, dim=n, inputs=[self.w["key_pos"], self.body_pos, self.frame, wr.ref, nk, nb],
                         outputs=[self.out], device=dev, record_cmd=True)
@@ -283,7 +283,7 @@ class _Buffers:
     def reward_launches(self, wr: WarpTrackingReward, weights: tuple) -> tuple:
         run = self.launches.get(weights)
         if run is None:
-            from bcg.sim.replay import TensorLaunch, prepack
+            from bcg.sim import TensorLaunch, prepack
 
             W = _Weights()
             for name, v in zip(_W, weights, strict=True):

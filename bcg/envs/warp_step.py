@@ -164,7 +164,7 @@ class WarpStepOutputs:
                    for x in xs) and xs[0].shape[0] > 0
 
     def _launch(self, n: int, weights: tuple, bounds: tuple, terms: tuple) -> Any:
-        from bcg.sim.replay import TensorLaunch
+        from bcg.sim import TensorLaunch
 
         m = bucket(n)
         key = (m, weights, bounds, terms)

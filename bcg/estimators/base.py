@@ -26,8 +26,7 @@ from typing import Any
 import torch
 
 from bcg.envs.grad_mask import RowGradMask
-from bcg.sim.physics import Physics
-from bcg.sim.reference import ContactReport
+from bcg.sim import ContactReport, Physics
 
 __all__ = ["STATE_VERSION", "Estimator", "EstimatorStats", "RowGradMask", "branch_mean", "field_docs", "first_kept",
            "quat_mean_wxyz", "repeat_physics"]

@@ -24,8 +24,7 @@ import bcg.sim
 from bcg.estimators.base import Estimator, EstimatorStats, RowGradMask
 from bcg.estimators.grs import average_branches, cartesian_law_offsets, joint_gaussian_offsets
 from bcg.estimators.registry import register
-from bcg.sim.physics import Physics
-from bcg.sim.reference import ContactReport
+from bcg.sim import ContactReport, Physics
 
 __all__ = ["BCG"]
 

@@ -16,7 +16,7 @@ import torch
 
 from bcg.estimators.base import Estimator, EstimatorStats, RowGradMask, branch_mean, quat_mean_wxyz, repeat_physics
 from bcg.estimators.registry import register
-from bcg.sim.reference import ContactReport
+from bcg.sim import ContactReport
 
 __all__ = ["GRS", "average_branches", "cartesian_law_offsets", "clamp_offsets", "expand", "joint_gaussian_offsets",
            "mean_of_branches", "usable"]

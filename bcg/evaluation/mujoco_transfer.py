@@ -34,12 +34,11 @@ import torch
 
 from bcg.evaluation.mujoco_loop import MujocoLoop
 from bcg.evaluation.tracking_metrics import ERROR_NAMES, TrackingMetrics, anchor_index, step_errors, summarize
-from bcg.sim.reference import ContactReport
+from bcg.sim import ContactReport
 
 if TYPE_CHECKING:  # pragma: no cover
     from bcg.envs import EnvState, G1TrackingVectorEnv
-    from bcg.sim.model import SimModel
-    from bcg.sim.physics import Physics
+    from bcg.sim import Physics, SimModel
 
 __all__ = ["FrozenRows", "MujocoTransition", "ReferenceReplayPolicy", "Rollout", "TransferOptions",
            "TransferReport", "evaluate_transfer", "make_env", "render_video", "replay", "start_state"]

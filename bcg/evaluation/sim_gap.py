@@ -30,7 +30,7 @@ import torch
 from bcg.evaluation.mujoco_transfer import TransferOptions, replay
 
 if TYPE_CHECKING:  # pragma: no cover
-    from bcg.sim.model import SimModel
+    from bcg.sim import SimModel
 
 __all__ = ["GapReport", "LIMIT_MARGIN", "RecordingTransition", "Transitions", "one_step_gap", "record_transitions",
            "restep_mujoco"]

@@ -68,9 +68,7 @@ def rollout_time(model, n: int, steps: int, grad: bool, **options: object) -> tu
     gradients and the backward of a loss on the final state) under :mod:`bcg.sim.execution` ``options``; and the
     bytes kept for the backward at the end of the forward."""
     from bcg.robots import g1
-    from bcg.sim import step
-    from bcg.sim.bridge import kept_bytes
-    from bcg.sim.execution import execution_options_set
+    from bcg.sim import execution_options_set, kept_bytes, step
 
     dev = _device(model)
     gen = torch.Generator().manual_seed(0)
@@ -105,7 +103,7 @@ def first_touch_time(nbytes: int, threads: int, tries: int = 3) -> tuple[float, 
     the first rollout's pages may; the later tries reuse the pages the earlier ones gave back, so ``best`` is the
     guest kernel's own cost, the part no allocation strategy inside the process avoids, and ``first`` what new
     pages cost at this moment."""
-    from bcg.sim.execution import parallel
+    from bcg.sim import parallel
 
     costs = []
     for _ in range(max(1, tries)):
@@ -133,7 +131,7 @@ def sim_rate(model, n: int, steps: int, grad: bool, repeats: int, **options: obj
     """Control steps per second (x N environments) of the bare :func:`bcg.sim.step` loop the vector env runs:
     with ``grad``, a backward of a loss on each step's outputs after every step (a differentiable window of one
     step, as the env benchmark does)."""
-    from bcg.sim.execution import execution_options_set
+    from bcg.sim import execution_options_set
 
     dev = _device(model)
     one = _sim_stepper(model, n, grad, torch.Generator(device=dev).manual_seed(0))
@@ -182,7 +180,7 @@ def env_rate(n: int, steps: int, grad: bool, repeats: int, device: str = "cpu", 
     """Environment steps per second of :class:`bcg.envs.G1TrackingVectorEnv` (random actions of scale 0.1; with
     ``grad``, ``differentiable=True`` and a backward of the reward sum after every step, the graph cut each step)."""
     from bcg.envs.vector_env import G1TrackingVectorEnv
-    from bcg.sim.execution import execution_options_set
+    from bcg.sim import execution_options_set
 
     env = G1TrackingVectorEnv(n, motion, differentiable=grad, device=device)
     env.reset(seed=0)
@@ -333,7 +331,7 @@ class _ProcessPair:
 
 def _max_n(model, steps: int, checkpoint: bool, start: int, limit: int) -> int:
     """Largest N (doubling from ``start``) whose gradient rollout of ``steps`` steps runs; 0 if none does."""
-    from bcg.sim.engine import clear_pool
+    from bcg.sim import clear_pool
 
     ok, n = 0, start
     while n <= limit:
@@ -370,8 +368,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, args.torch_threads))
 
-    from bcg.sim import load_model
-    from bcg.sim.execution import available_cores, execution_options, thread_count
+    from bcg.sim import available_cores, execution_options, load_model, thread_count
 
     cuda = args.device.startswith("cuda")
     sizes = args.sizes or ([1024, 4096, 8192] if cuda else [16, 64, 256])
@@ -440,7 +437,7 @@ def main(argv: list[str] | None = None) -> dict:
                       f"processes of N/2 each: {r[key.replace('threads', 'processes')]:.2f}); 1 thread / MuJoCo "
                       f"{t['1'][1] / mj:.2f}   [{'<= 2.5' if grad else '<= 0.7'}]", flush=True)
         if not args.no_backward:
-            from bcg.sim.engine import clear_pool
+            from bcg.sim import clear_pool
 
             clear_pool(model)  # a fresh pool: the first checkpointed rollout allocates its one array set per block
             first_ckpt = rollout_time(model, n, args.steps, True, checkpoint=True)[0]

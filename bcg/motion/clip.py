@@ -38,7 +38,7 @@ from bcg.motion.rotations import (
 )
 
 if TYPE_CHECKING:  # pragma: no cover
-    from bcg.sim.model import SimModel
+    from bcg.sim import SimModel
 
 __all__ = ["Motion", "load_motion"]
 
@@ -271,7 +271,7 @@ class Motion:
 
 
 def _align(qpos: np.ndarray, model: SimModel, ground: bool, heading: bool) -> np.ndarray:
-    from bcg.sim.reference import forward_kinematics
+    from bcg.sim import forward_kinematics
 
     qpos = qpos.copy()
     if heading:

@@ -14,7 +14,7 @@ import torch
 
 from bcg.motion.kinematics import KeyPoints, KinematicsFn
 from bcg.motion.rotations import axis_angle_quat_wxyz, quat_to_tan_norm, tan_norm
-from bcg.sim.model import SimModel
+from bcg.sim import SimModel
 
 __all__ = ["FeatureFn", "Features", "disc_features", "features"]
 

@@ -13,8 +13,7 @@ import numpy as np
 import torch
 
 from bcg.motion.rotations import quat_to_matrix_wxyz
-from bcg.sim.model import SimModel
-from bcg.sim.reference import Kinematics
+from bcg.sim import Kinematics, SimModel
 
 __all__ = ["Kinematics", "KinematicsFn", "KeyPoints"]
 

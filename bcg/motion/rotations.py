@@ -14,7 +14,7 @@ import math
 import numpy as np
 import torch
 
-from bcg.sim.reference import quat_mul_wxyz, quat_to_matrix_wxyz
+from bcg.sim import quat_mul_wxyz, quat_to_matrix_wxyz
 
 __all__ = [
     "axis_angle_quat_wxyz",

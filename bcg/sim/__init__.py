@@ -1,35 +1,96 @@
 """Differentiable articulated-body simulator in NVIDIA Warp (floating base + hinges, smoothed stiff contact).
 
-Public API (docs/design.md): :func:`load_model`, :func:`mass_matrix`, :func:`bias_forces`, :func:`step`.
+Everything outside ``bcg.sim`` imports from this package only (``tests/test_import_graph.py`` holds the rule), so the
+modules behind it can move. Public API (docs/design.md):
+
+* the model: :func:`load_model`, :func:`model_from_mujoco`, :class:`SimModel`, :class:`ContactParams`, the state
+  limits :data:`MAX_SPEED` and :data:`MAX_ROOT_POSITION`;
+* the step and its companions: :func:`step`, :func:`mass_matrix`, :func:`bias_forces`; the value types
+  :class:`Physics` (per-environment parameters, :func:`default_physics`) and :class:`ContactReport`;
+* the float64 oracle's kinematics (:func:`forward_kinematics`, :class:`Kinematics`) and quaternion helpers;
+* how a step executes (CPU threads, checkpointing; :mod:`bcg.sim.execution`) and the runtime's caches
+  (:func:`clear_pool`, :func:`kept_bytes`);
+* for the environments' own fused kernels: :class:`TensorLaunch` and :func:`prepack` (launches recorded once).
+
 State layout is MuJoCo's ``qpos`` / ``qvel``. The plain-torch oracle of the same algorithm is
-:mod:`bcg.sim.reference`. Importing this package does not initialise Warp.
+:mod:`bcg.sim.reference`. Importing this package does not initialise Warp: the names that need it load on first use.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
-from bcg.sim.model import MAX_SPEED, ContactParams, SimModel, UnsupportedModelError, load_model, model_from_mujoco
-from bcg.sim.physics import Physics, default_physics
-from bcg.sim.reference import ContactReport
+from bcg.sim.device import check_device
+from bcg.sim.execution import (
+    ExecutionOptions,
+    available_cores,
+    execution_options,
+    execution_options_set,
+    parallel,
+    set_execution_options,
+    thread_count,
+)
+from bcg.sim.model import (
+    MAX_ROOT_POSITION,
+    MAX_SPEED,
+    ContactParams,
+    SimModel,
+    UnsupportedModelError,
+    load_model,
+    model_from_mujoco,
+)
+from bcg.sim.physics import check_physics, default_physics
+from bcg.sim.reference import Kinematics, forward_kinematics, quat_mul_wxyz, quat_to_matrix_wxyz
+from bcg.sim.types import ContactReport, Physics
 
 if TYPE_CHECKING:
     import torch
 
+    from bcg.sim.bridge import kept_bytes
+    from bcg.sim.engine import clear_pool
+    from bcg.sim.replay import TensorLaunch, prepack
+
 __all__ = [
     "ContactParams",
     "ContactReport",
+    "ExecutionOptions",
+    "Kinematics",
+    "MAX_ROOT_POSITION",
     "MAX_SPEED",
     "Physics",
     "SimModel",
+    "TensorLaunch",
     "UnsupportedModelError",
+    "available_cores",
     "bias_forces",
+    "check_device",
+    "check_physics",
+    "clear_pool",
     "default_physics",
+    "execution_options",
+    "execution_options_set",
+    "forward_kinematics",
+    "kept_bytes",
     "load_model",
     "mass_matrix",
     "model_from_mujoco",
+    "parallel",
+    "prepack",
+    "quat_mul_wxyz",
+    "quat_to_matrix_wxyz",
+    "set_execution_options",
     "step",
+    "thread_count",
 ]
+
+_NEEDS_WARP = {
+    "TensorLaunch": "bcg.sim.replay",
+    "prepack": "bcg.sim.replay",
+    "clear_pool": "bcg.sim.engine",
+    "kept_bytes": "bcg.sim.bridge",
+}
+"""Public names whose modules import Warp, loaded on first access."""
 
 
 def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor, physics: Physics | None = None
@@ -55,4 +116,7 @@ def bias_forces(model: SimModel, q: torch.Tensor, qd: torch.Tensor) -> torch.Ten
 
 
 def __getattr__(name: str) -> Any:
-    raise AttributeError(f"module 'bcg.sim' has no attribute {name!r}")
+    module = _NEEDS_WARP.get(name)
+    if module is None:
+        raise AttributeError(f"module 'bcg.sim' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

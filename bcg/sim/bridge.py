@@ -34,10 +34,10 @@ from bcg.sim.engine import (
     substep_launches,
 )
 from bcg.sim.execution import ExecutionOptions, execution_options, parallel, split_rows, thread_count
-from bcg.sim.model import MAX_SPEED, SimModel
+from bcg.sim.model import MAX_ROOT_POSITION, MAX_SPEED, SimModel
 from bcg.sim.physics import Physics, check_physics
-from bcg.sim.reference import ContactReport
 from bcg.sim.replay import Relocatable, pack, prepack
+from bcg.sim.types import ContactReport
 
 __all__ = ["MAX_ROOT_POSITION", "step", "mass_matrix", "bias_forces", "kept_bytes", "ContactReport"]
 
@@ -45,12 +45,6 @@ __all__ = ["MAX_ROOT_POSITION", "step", "mass_matrix", "bias_forces", "kept_byte
 def _torch_device(model: SimModel) -> torch.device:
     return torch.device("cuda:0" if model.device == "cuda" else model.device)
 
-
-MAX_ROOT_POSITION = 1e4
-"""Largest |root position| component [m] the functions of this module accept. float32 spaces numbers 1 mm apart at
-1e4 m, which is the distance a body moving at 0.2 m/s covers in one 5 ms substep: beyond it the position update of
-a slow motion rounds away. (The MuJoCo layout keeps the root position in the world frame, so nothing the kernels do
-internally can recover that resolution.)"""
 
 # qpos / qvel layout of the floating root (MuJoCo's): position, quaternion w, x, y, z; then the hinges
 _ROOT_POS = slice(0, 3)
@@ -124,7 +118,7 @@ def _check_values(q: torch.Tensor, qd: torch.Tensor | None, targets: torch.Tenso
     if not bool(quat_ok.all()):
         raise ValueError(f"q has a root quaternion of (near) zero norm (environments {_envs(~quat_ok)})")
     if not bool((pos <= MAX_ROOT_POSITION).all()):
-        raise ValueError(f"q has a root position beyond bcg.sim.bridge.MAX_ROOT_POSITION = {MAX_ROOT_POSITION:g} m "
+        raise ValueError(f"q has a root position beyond bcg.sim.MAX_ROOT_POSITION = {MAX_ROOT_POSITION:g} m "
                          f"(largest |x|, |y|, |z| = {float(pos.max()):.6g} m, environments "
                          f"{_envs(pos > MAX_ROOT_POSITION)}): float32 has no resolution left for the motion there; "
                          "shift the state towards the origin")

@@ -1,6 +1,7 @@
 """Warp-side driver: the model's device arrays, per-substep scratch, and the launch sequence of a control step.
 
-Nothing here touches torch. :mod:`bcg.sim.step` wraps :func:`run_control_step` in a ``torch.autograd.Function``.
+Nothing here touches torch. :mod:`bcg.sim.bridge` runs these launches (recorded and replayed) inside a
+``torch.autograd.Function``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,6 @@ __all__ = [
     "clear_pool",
     "release_grads",
     "release_step",
-    "run_control_step",
     "run_dynamics_terms",
     "step_layout",
     "substep_launches",
@@ -391,8 +391,6 @@ class StepArrays:
         if requires_grad and grads == "own":
             self.own_grads = GradArrays(self.layout, model.device)
             self.own_grads.zero()
-        self.recorded: list | None = None
-        """Recorded launches of a reused (no-gradient) workspace, replayed by :func:`run_control_step`."""
         self._arrays: dict | None = None
 
     @property
@@ -602,29 +600,6 @@ def clear_pool(model: SimModel) -> None:
         model.warp.pool_bytes = 0
         model.warp.grad_sets.clear()
         model.warp.templates.clear()
-
-
-def run_control_step(model: SimModel, arrs: StepArrays) -> None:
-    """Launch the S substeps of one control step on ``arrs`` (inputs already in q[0], qd[0], targets).
-
-    Reused (no-gradient) arrays record their launches once and replay them afterwards, which skips Warp's
-    per-launch argument packing (it dominates the cost of a step at small N).
-    """
-    if arrs.recorded is not None:
-        for cmd in arrs.recorded:
-            cmd.launch()
-        return
-    record = not arrs.requires_grad
-    cmds = []
-    for k in range(model.params.substeps):
-        for launch in substep_launches(model, arrs, k):
-            cmd = wp.launch(launch.kernel, dim=arrs.n, inputs=launch.inputs, outputs=launch.outputs,
-                            device=model.device, record_cmd=record)
-            cmds.append(cmd)
-    if record:
-        for cmd in cmds:
-            cmd.launch()
-        arrs.recorded = cmds
 
 
 def run_dynamics_terms(model: SimModel, arrs: StepArrays) -> tuple[wp.array, wp.array]:

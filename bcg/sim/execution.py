@@ -5,10 +5,10 @@ Warp thread whatever part of the batch it lands in, so a split batch gives the s
 Options are process-wide (the simulator is called from deep inside environments and estimators), read once per
 :func:`bcg.sim.step` call, and settable three ways::
 
-    import bcg.sim.execution as ex
-    ex.set_execution_options(threads=1)              # from now on
-    with ex.execution_options_set(checkpoint=True):  # inside a block (the backward may run after it: the choice
-        ...                                          # is recorded per step at its forward)
+    import bcg.sim as sim
+    sim.set_execution_options(threads=1)              # from now on
+    with sim.execution_options_set(checkpoint=True):  # inside a block (the backward may run after it: the choice
+        ...                                           # is recorded per step at its forward)
 
 or the environment variables ``BCG_SIM_THREADS`` (an integer) and ``BCG_SIM_CHECKPOINT`` (``1``), read at import.
 

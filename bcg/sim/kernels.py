@@ -42,7 +42,6 @@ __all__ = [
     "pgs",
     "apply_contact",
     "limit_guard_integrate",
-    "sum_squares_reloaded",
 ]
 
 
@@ -920,16 +919,3 @@ def limit_guard_integrate(
     q_out[e, 6] = nz * inv
     for a in range(ROOT_NV, nv):
         q_out[e, a + 1] = q[e, a + 1] + dt * qd_out[e, a]
-
-
-# Regression kernel for the loop-carried-variable pitfall (docs/simulator.md, "Warp autodiff rules"): y = (sum x)^2
-# with the store-and-reload pattern used throughout this module.
-@wp.kernel
-def sum_squares_reloaded(x: wp.array(dtype=float), n: int, tmp: wp.array(dtype=float), y: wp.array(dtype=float)):
-    """Store the carried value, re-load it, then use it non-linearly: the adjoint is then 2 sum(x)."""
-    s = float(0.0)
-    for k in range(n):
-        s = s + x[k]
-    tmp[0] = s
-    v = tmp[0]
-    y[0] = v * v

@@ -23,7 +23,10 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ContactParams", "MAX_SPEED", "ROOT_NQ", "ROOT_NV", "SimModel", "load_model", "UnsupportedModelError"]
+__all__ = [
+    "ContactParams", "MAX_ROOT_POSITION", "MAX_SPEED", "ROOT_NQ", "ROOT_NV", "SimModel", "load_model",
+    "UnsupportedModelError",
+]
 
 ROOT_NQ = 7
 """qpos entries of the floating root: position (3) and quaternion w, x, y, z (4); hinge angles follow."""
@@ -33,6 +36,13 @@ ROOT_NV = 6
 MAX_SPEED = 200.0
 """Largest |qvel| entry (m/s or rad/s) :func:`bcg.sim.step` accepts; faster states are outside the range where the
 explicit Coriolis terms of a 5 ms substep stay stable, and the step refuses them with a clear error."""
+
+MAX_ROOT_POSITION = 1e4
+"""Largest |root position| component [m] :func:`bcg.sim.step` and its siblings accept. float32 spaces numbers 1 mm
+apart at 1e4 m, which is the distance a body moving at 0.2 m/s covers in one 5 ms substep: beyond it the position
+update of a slow motion rounds away. (The MuJoCo layout keeps the root position in the world frame, so nothing the
+kernels do internally can
+recover that resolution.)"""
 
 
 class UnsupportedModelError(ValueError):

@@ -7,43 +7,12 @@ differentiable with respect to them.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 
 from bcg.sim.model import SimModel
+from bcg.sim.types import Physics
 
 __all__ = ["Physics", "default_physics", "check_physics"]
-
-
-class Physics(NamedTuple):
-    """Per-environment parameters, float32 tensors on the model's device (N environments)."""
-
-    body_mass: torch.Tensor
-    """[N, nb] body masses [kg]."""
-    body_com: torch.Tensor
-    """[N, nb, 3] centres of mass in the body frames [m]."""
-    body_inertia: torch.Tensor
-    """[N, nb, 3, 3] rotational inertias about the COM, body frames [kg m^2]."""
-    dof_armature: torch.Tensor
-    """[N, nv] armature added to the mass-matrix diagonal."""
-    dof_damping: torch.Tensor
-    """[N, nv] viscous joint damping [N m s/rad]."""
-    kp: torch.Tensor
-    """[N, nu] PD position gains [N m/rad]."""
-    kd: torch.Tensor
-    """[N, nu] PD velocity gains [N m s/rad]."""
-    mu: torch.Tensor
-    """[N] ground friction coefficients."""
-
-    def index_put(self, env_ids: torch.Tensor, rows: Physics) -> Physics:
-        """A copy whose rows ``env_ids`` are replaced by ``rows`` (a Physics of len(env_ids) environments)."""
-        out = []
-        for cur, new in zip(self, rows):
-            t = cur.clone()
-            t[env_ids] = new.to(t)
-            out.append(t)
-        return Physics(*out)
 
 
 def default_physics(model: SimModel, n: int, device: str | torch.device | None = None) -> Physics:

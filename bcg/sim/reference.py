@@ -37,7 +37,7 @@ from typing import NamedTuple
 import torch
 
 from bcg.sim.model import SimModel
-from bcg.sim.physics import Physics
+from bcg.sim.types import ContactReport, Physics
 
 PUSH_OUT_DEPTH = 0.05
 """Contact penetrations beyond this [m] are pushed out no faster than at it (the Baumgarte rate is capped)."""
@@ -65,17 +65,6 @@ class Kinematics(NamedTuple):
 
     rot: torch.Tensor
     pos: torch.Tensor
-
-
-class ContactReport(NamedTuple):
-    """Per-sphere contact quantities of one control step. All [N, nc]."""
-
-    impulse: torch.Tensor
-    """Normal impulse summed over the substeps [N s]."""
-    peak_force: torch.Tensor
-    """Largest normal force over the substeps, impulse / h [N] (the BCG trigger quantity)."""
-    penetration: torch.Tensor
-    """Penetration d = radius - z_centre at the last substep [m] (positive when penetrating)."""
 
 
 def quat_to_matrix_wxyz(q: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,73 @@
+"""The package's layering, read from its import statements (no module is imported).
+
+* Outside ``bcg/sim`` nothing imports a ``bcg.sim`` submodule: the simulator is used through ``bcg.sim`` alone, so
+  its modules can be rearranged without touching its users.
+* No package imports a layer above it (sim and robots < motion < envs < estimators < agents < evaluation < cli).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "bcg"
+
+LAYERS = {"robots": 1, "sim": 1, "motion": 2, "envs": 3, "estimators": 4, "agents": 5, "evaluation": 6, "cli": 7}
+"""Rank of each top-level part of ``bcg``; modules not named here (errors, files, parsing, ...) are shared
+utilities of rank 0, and ``bcg/__init__.py`` may import anything."""
+
+KNOWN_UPWARD = {
+    ("agents/train.py", "bcg.evaluation.mujoco_transfer"):
+        "the trainer's periodic evaluation replays the policy with `bcg evaluate`'s protocol; it moves out with the "
+        "runner (train.py's run loop, config parsing and run directory become their own modules)",
+}
+"""Upward imports that exist today, with why; a new one fails the test."""
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import in ``path``, at any depth (function-level imports count)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.append((node.lineno, node.module))
+        elif isinstance(node, ast.Import):
+            out.extend((node.lineno, a.name) for a in node.names)
+    return out
+
+
+def _modules() -> list[tuple[str, Path]]:
+    return [(p.relative_to(PACKAGE).as_posix(), p) for p in sorted(PACKAGE.rglob("*.py"))]
+
+
+def test_nothing_outside_the_simulator_imports_its_submodules():
+    found = [f"bcg/{rel}:{line} imports {mod}" for rel, p in _modules() if not rel.startswith("sim/")
+             for line, mod in _imports(p) if mod.startswith("bcg.sim.")]
+    assert not found, "import these names from bcg.sim instead:\n" + "\n".join(found)
+
+
+def test_no_layer_imports_one_above_it():
+    found = []
+    for rel, p in _modules():
+        src = LAYERS.get(rel.split("/")[0].removesuffix(".py"), 0)
+        if rel == "__init__.py":
+            continue
+        for line, mod in _imports(p):
+            parts = mod.split(".")
+            if parts[0] != "bcg" or len(parts) < 2 or (rel, mod) in KNOWN_UPWARD:
+                continue
+            if LAYERS.get(parts[1], 0) > src:
+                found.append(f"bcg/{rel}:{line} imports {mod}")
+    assert not found, "upward imports:\n" + "\n".join(found)
+
+
+def test_the_known_exceptions_still_exist():
+    """An exception that was removed is taken off the list, so that it cannot come back unnoticed."""
+    present = {(rel, mod) for rel, p in _modules() for _, mod in _imports(p)}
+    assert set(KNOWN_UPWARD) <= present, set(KNOWN_UPWARD) - present
+
+
+def test_the_rules_catch_what_they_forbid(tmp_path):
+    """The parser sees imports inside functions, which is where most of the package's late imports are."""
+    p = tmp_path / "m.py"
+    p.write_text("def f():\n    from bcg.sim.engine import clear_pool\n    import bcg.evaluation.compare\n")
+    assert _imports(p) == [(2, "bcg.sim.engine"), (3, "bcg.evaluation.compare")]
