@@ -303,6 +303,39 @@ def test_domain_randomization(motion_path: Path) -> None:
     assert again.physics.mu[0] != before[0] and torch.equal(again.physics.mu[1:], before[1:])
 
 
+def test_contact_randomization_draws_each_ground_and_keeps_the_other_draws(motion_path: Path) -> None:
+    """The contact draws: the Baumgarte factor within its range, a soft ground (g_free = the impedance, g_start =
+    2 h / T - i for T in its range) for about the asked share, the model's own contact for the rest; the draws
+    before them are those of the ranges without contact draws (same seed), so existing runs keep their numbers."""
+    import dataclasses
+
+    from bcg.envs.randomization import DomainRandomization
+
+    n = 64
+    dr = DomainRandomization(contact_beta=(0.1, 0.5), contact_soft_timeconst=(0.01, 0.03), contact_soft_share=0.5)
+    env = make_vec(motion_path, n, domain_randomization=dr)
+    env.reset(seed=3)
+    g = env.physics.contact_bias
+    p = env.model.params
+    assert ((g[:, 2] >= 0.1) & (g[:, 2] <= 0.5)).all() and g[:, 2].unique().numel() == n
+    soft = g[:, 1] != 0
+    assert 16 <= int(soft.sum()) <= 48  # Binomial(64, 0.5): outside in 1e-4 of seeds
+    assert torch.equal(g[~soft, 0], torch.ones(int((~soft).sum())))
+    torch.testing.assert_close(g[soft, 0], torch.full((int(soft.sum()),), p.soft_impedance))
+    t = 2 * p.dt / (g[soft, 1] + p.soft_impedance)  # the time constant back from g_start
+    assert ((t >= 0.01 - 1e-6) & (t <= 0.03 + 1e-6)).all()
+    plain = make_vec(motion_path, n, domain_randomization=dataclasses.replace(
+        dr, contact_beta=None, contact_soft_timeconst=None))
+    plain.reset(seed=3)
+    for a, b in zip(plain.physics[:-1], env.physics[:-1], strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="contact_beta must lie in"):
+        DomainRandomization(contact_beta=(0.2, 1.5))
+    with pytest.raises(ValueError, match="at least|>= 2 substeps"):
+        make_vec(motion_path, 2, domain_randomization=DomainRandomization(
+            contact_soft_timeconst=(0.005, 0.02))).reset(seed=0)
+
+
 def test_reward_callable_and_features(motion_path: Path) -> None:
     seen = {}
 

@@ -36,7 +36,21 @@ def _randomised(model, n, seed=0) -> Physics:
         kp=ph.kp * u((n, 1), 0.8, 1.2),
         kd=ph.kd * u((n, 1), 0.8, 1.2),
         mu=u((n,), 0.3, 1.2),
+        contact_bias=_contact_gains(model, n, g),
     )
+
+
+def _contact_gains(model, n, g) -> torch.Tensor:
+    """[n, 3] normal-row bias gains: every other environment a soft ground (time constant 10-30 ms), the others
+    Baumgarte contact, with the Baumgarte factor drawn in [0.1, 0.5]."""
+    import dataclasses
+
+    rows = []
+    for i in range(n):
+        beta = 0.1 + 0.4 * float(torch.rand((), generator=g))
+        soft = 0.01 + 0.02 * float(torch.rand((), generator=g)) if i % 2 else 0.0
+        rows.append(dataclasses.replace(model.params, beta=beta, soft_timeconst=soft).normal_bias_gains())
+    return torch.tensor(rows, dtype=torch.float32)
 
 
 def test_default_physics_is_bitwise_the_shared_model(g1_model):
@@ -70,6 +84,44 @@ def test_per_env_physics_matches_reference_and_differs_between_envs(g1_model):
     assert (qw[0] - qw[1]).abs().max() > 1e-3
 
 
+def test_a_row_of_contact_gains_is_the_model_with_that_contact(g1_model):
+    """Per-environment contact gains: a row with a soft ground's gains steps bit for bit as a model loaded with that
+    soft contact, and a row with the model's own gains as the model, in one batch."""
+    from bcg.sim import load_model
+
+    soft_model = load_model(soft_timeconst=0.02, beta=0.2)
+    n = 2
+    q, qd, tg = _state(g1_model, n)
+    q[:, 2] -= 0.004  # feet 4 mm into the ground and moving down: the bias matters
+    qd[:, 2] = -0.3
+    ph = default_physics(g1_model, n)
+    gains = ph.contact_bias.clone()
+    gains[1] = torch.tensor(soft_model.params.normal_bias_gains())
+    with torch.no_grad():
+        mixed = step(g1_model, q, qd, tg, ph._replace(contact_bias=gains))
+        hard = step(g1_model, q, qd, tg)
+        soft = step(soft_model, q, qd, tg)
+    assert torch.equal(mixed[1][0], hard[1][0]) and torch.equal(mixed[1][1], soft[1][1])
+    assert torch.equal(mixed[2].impulse[1], soft[2].impulse[1])
+    assert (hard[1][1] - soft[1][1]).abs().max() > 1e-3  # the two grounds do differ here
+
+
+def test_physics_saved_before_the_contact_gains_load_with_the_models_own(g1_model):
+    """Checkpoints store the rows as a list in field order (SHAC) or by name (PPO); rows written before
+    ``contact_bias`` existed get the model's gains, and a complete row set comes back unchanged."""
+    from bcg.sim import physics_from_saved
+
+    ph = _randomised(g1_model, 3)
+    back = physics_from_saved(list(ph), g1_model, "cpu")
+    assert all(torch.equal(a, b) for a, b in zip(back, ph, strict=True))
+    old = physics_from_saved(list(ph)[:-1], g1_model, "cpu")
+    assert torch.equal(old.contact_bias, default_physics(g1_model, 3).contact_bias)
+    by_name = {k: v for k, v in ph._asdict().items() if k != "contact_bias"}
+    assert torch.equal(physics_from_saved(by_name, g1_model, "cpu").mu, ph.mu)
+    with pytest.raises(ValueError, match=r"lack the field\(s\) \['kp'\]"):
+        physics_from_saved({k: v for k, v in by_name.items() if k != "kp"}, g1_model, "cpu")
+
+
 def test_each_environment_carries_its_own_weight(g1_model):
     n = 3
     ph = default_physics(g1_model, n)
@@ -98,5 +150,7 @@ def test_bad_physics_is_named(g1_model):
         step(g1_model, q, qd, tg, ph._replace(mu=ph.mu.double()))
     with pytest.raises(ValueError, match="physics.body_mass must have non-negative values"):
         step(g1_model, q, qd, tg, ph._replace(body_mass=-ph.body_mass))
+    with pytest.raises(ValueError, match=r"physics.contact_bias must have shape \[2, 3\]"):
+        step(g1_model, q, qd, tg, ph._replace(contact_bias=ph.contact_bias[:, :2]))
     with pytest.raises(TypeError, match="bcg.sim.Physics"):
         step(g1_model, q, qd, tg, tuple(ph))

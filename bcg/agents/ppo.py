@@ -49,7 +49,7 @@ from bcg.envs.config import EnvConfig
 from bcg.envs.sb3 import SB3VecEnv
 from bcg.envs.state import EnvState
 from bcg.envs.vector_env import G1TrackingVectorEnv
-from bcg.sim import Physics
+from bcg.sim import Physics, SimModel, physics_from_saved
 
 __all__ = ["PRESETS", "AdaptiveKLPPO", "KLPolicy", "PPOAgent", "PPOConfig", "adaptive_kl_lr", "gaussian_kl"]
 
@@ -343,11 +343,11 @@ def _env_state_dict(s: EnvState) -> dict[str, Any]:
                 None if v is None else v.clone()) for k, v in out.items()}
 
 
-def _env_state_from_dict(d: Mapping[str, Any], device: torch.device) -> EnvState:
+def _env_state_from_dict(d: Mapping[str, Any], model: SimModel, device: torch.device) -> EnvState:
     kw: dict[str, Any] = {}
     for f in dataclasses.fields(EnvState):
         v = d[f.name]
-        kw[f.name] = (None if v is None else Physics(**{n: t.to(device) for n, t in v.items()})
+        kw[f.name] = (None if v is None else physics_from_saved(v, model, device)
                       if isinstance(v, Mapping) else v.to(device))
     return EnvState(**kw)
 
@@ -521,7 +521,7 @@ class PPOAgent:
         vn.ret_rms.count = float(v["ret_count"])
         vn.returns = v["returns"].numpy().copy()
         e = state["env"]
-        self.env.load_state(_env_state_from_dict(e["state"], self.env.device))
+        self.env.load_state(_env_state_from_dict(e["state"], self.env.model, self.env.device))
         self.env.nonfinite_count = int(e["nonfinite_count"])
         self.env._gen.set_state(e["reset_generator"])
         self.env.load_layers_state_dict(e.get("layers", {}))  # states saved before the layers existed have none

@@ -609,7 +609,7 @@ class SHAC:
         """Restore :meth:`state_dict`'s output into this agent (built with the same config and environment);
         afterwards ``train_iteration`` repeats the original run's numbers (bit for bit on CPU)."""
         from bcg.envs.state import EnvState
-        from bcg.sim import Physics
+        from bcg.sim import physics_from_saved
 
         if state.get("format") == "bcg.shac/1":
             state = _stack_critics_of_v1(state, self.critics)
@@ -644,7 +644,7 @@ class SHAC:
         fields = {}
         for f in dataclasses.fields(EnvState):
             v = state["env_state"][f.name]
-            fields[f.name] = (None if v is None else Physics(*(t.to(dev).clone() for t in v)) if isinstance(v, list)
+            fields[f.name] = (None if v is None else physics_from_saved(v, self.env.model, dev) if isinstance(v, list)
                               else v.to(dev).clone())
         self.env.load_state(EnvState(**fields))
         self.env._gen.set_state(state["env_generator"])

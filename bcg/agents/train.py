@@ -62,6 +62,7 @@ if TYPE_CHECKING:  # pragma: no cover - bound at parse time by _bind_types (plug
     from bcg.agents.ppo import PPOConfig
     from bcg.agents.shac import SHACConfig
     from bcg.envs.config import EnvConfig
+    from bcg.envs.randomization import DomainRandomization
 
     EstimatorChoice = Any
 
@@ -96,6 +97,10 @@ LEGACY_DEFAULTS: dict[str, Any] = {
     "schedule_over_time": False, "domain_randomization": False, "adaptive_start": False,
     "termination_anchor_height": None, "termination_gravity_z": None, "termination_end_effector_height": None}
 """What a run's config meant by a field it does not have (written before the field existed): the behaviour then."""
+
+CONTACT_RANDOMIZATION: dict[str, Any] = {
+    "contact_beta": (0.1, 0.5), "contact_soft_timeconst": (0.01, 0.03), "contact_soft_share": 0.5}
+"""The DomainRandomization ranges of --contact-randomization."""
 
 DEFAULT_ITERATIONS = 100
 """Iterations of a run given neither --iterations nor --max-time-s."""
@@ -199,6 +204,10 @@ class TrainConfig:
     domain_randomization: bool = True
     """Randomise physics, pushes, latency and observation noise (docs/envs.md ranges); --no-domain-randomization: off.
     On by default: one of the layers with which policies stand in MuJoCo (docs/shac.md, the ablation)."""
+    contact_randomization: bool = False
+    """Randomise how the ground gives, per environment: the contacts' Baumgarte factor U(0.1, 0.5), and for half the
+    environments a soft ground (time constant U(0.01, 0.03) s, MuJoCo's 0.02 inside) (docs/envs.md). Works with or
+    without --domain-randomization."""
     max_episode_steps: int | None = None
     """Extra time limit of an episode in control steps (None: the clip's end)."""
     action_offset: Literal["default", "reference"] | None = None
@@ -325,9 +334,18 @@ class TrainConfig:
             scale = tuple(float(x) for x in torque_action_scale(g1.KP, g1.TORQUE_LIMITS, self.action_scale_torque))
         return EnvConfig(motion_file=self.motion, kappa=self.kappa, device=self.device,
                          soft_contact_timeconst=self.soft_contact_timeconst, contact_beta=self.contact_beta,
-                         differentiable=self.agent == "shac", domain_randomization=bool(self.domain_randomization),
+                         differentiable=self.agent == "shac", domain_randomization=self._randomization(),
                          max_episode_steps=self.max_episode_steps, action_offset=offset, action_scale=scale,
                          **{name: getattr(self, name) for name in LAYER_FIELDS})
+
+    def _randomization(self) -> bool | DomainRandomization:
+        """EnvConfig.domain_randomization: the flag, or the ranges with the contact draws added."""
+        from bcg.envs.randomization import DomainRandomization
+
+        if not self.contact_randomization:
+            return bool(self.domain_randomization)
+        base = DomainRandomization() if self.domain_randomization else DomainRandomization.off()
+        return dataclasses.replace(base, **CONTACT_RANDOMIZATION)
 
     @property
     def agent_config(self) -> Any:

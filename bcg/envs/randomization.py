@@ -5,7 +5,8 @@ Everything is drawn independently for every environment at each of its resets:
 * physical parameters, passed to the simulator as per-environment :class:`bcg.sim.Physics` rows: ground
   friction, PD gain scale (kp and kd), link mass scale, base mass offset, link COM offset, joint armature scale,
   joint damping scale (the engine has viscous joint damping only, no dry friction, so the "joint friction" range
-  scales ``dof_damping``);
+  scales ``dof_damping``), and, when asked for, how the ground gives under the feet (the contacts' Baumgarte factor,
+  and a soft ground's time constant for a share of the environments);
 * default joint position offset, action latency (0 or 1 control step), pushes (detached velocity impulses every
   U(1, 3) s), reset noise on the root position, root orientation and joint positions, observation noise.
 """
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from bcg.sim import Physics
+from bcg.sim import ContactParams, Physics
 
 __all__ = ["DomainRandomization", "sample_physics", "uniform"]
 
@@ -47,6 +48,15 @@ class DomainRandomization:
     """Scale of each hinge's armature, U(lo, hi)."""
     damping_scale: Range | None = (0.5, 1.5)
     """Scale of each hinge's viscous damping, U(lo, hi) (the paper's "joint friction"; no dry friction)."""
+    contact_beta: Range | None = None
+    """Baumgarte factor of the foot contacts (a penetration d is pushed out at beta d / h), U(lo, hi) in [0, 1];
+    None: the model's (0.5). Lower is a softer, deeper ground."""
+    contact_soft_timeconst: Range | None = None
+    """Time constant [s] of a soft ground (``ContactParams.soft_timeconst``, MuJoCo's solref[0]: an impact braked over
+    several substeps instead of stopped within one), U(lo, hi), for a share ``contact_soft_share`` of the environments;
+    the others keep the model's contact. Each value must be at least two substeps."""
+    contact_soft_share: float = 0.5
+    """Probability that an environment gets the soft ground of ``contact_soft_timeconst``."""
     # --- actions, pushes, resets, observations ---
     joint_offset: Range | None = (-0.01, 0.01)
     """Offset of the default joint position (the action's centre) [rad], U(lo, hi) per joint. Per environment."""
@@ -83,7 +93,7 @@ class DomainRandomization:
         """Whether any physical parameter is randomised (the environments then pass bcg.sim.Physics rows)."""
         return any(r is not None for r in (self.friction, self.gain_scale, self.link_mass_scale,
                                             self.base_mass_offset, self.com_offset, self.armature_scale,
-                                            self.damping_scale))
+                                            self.damping_scale, self.contact_beta, self.contact_soft_timeconst))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -93,6 +103,13 @@ class DomainRandomization:
                     raise ValueError(f"DomainRandomization.{f.name} must be a finite range (lo <= hi), got {v}")
         if not 0.0 <= self.latency_prob <= 1.0:
             raise ValueError(f"DomainRandomization.latency_prob must be in [0, 1], got {self.latency_prob}")
+        if self.contact_beta is not None and not 0.0 <= self.contact_beta[0] <= self.contact_beta[1] <= 1.0:
+            raise ValueError(f"DomainRandomization.contact_beta must lie in [0, 1], got {self.contact_beta}")
+        if self.contact_soft_timeconst is not None and self.contact_soft_timeconst[0] <= 0:
+            raise ValueError("DomainRandomization.contact_soft_timeconst must be > 0 s, got "
+                             f"{self.contact_soft_timeconst}")
+        if not 0.0 <= self.contact_soft_share <= 1.0:
+            raise ValueError(f"DomainRandomization.contact_soft_share must be in [0, 1], got {self.contact_soft_share}")
         if self.push_interval is not None and self.push_interval[0] <= 0:
             raise ValueError(f"DomainRandomization.push_interval must be > 0 s, got {self.push_interval}")
 
@@ -104,9 +121,11 @@ def uniform(gen: torch.Generator, lo: torch.Tensor | float, hi: torch.Tensor | f
     return lo + (torch.as_tensor(hi) - torch.as_tensor(lo)).to(u) * u
 
 
-def sample_physics(base: Physics, dr: DomainRandomization, gen: torch.Generator) -> Physics:
+def sample_physics(base: Physics, dr: DomainRandomization, gen: torch.Generator,
+                   params: ContactParams | None = None) -> Physics:
     """Independent draws of the physical quantities of ``dr`` for each row of ``base`` (the model's own values,
-    e.g. from :func:`bcg.sim.default_physics`); quantities switched off keep the base values."""
+    e.g. from :func:`bcg.sim.default_physics`); quantities switched off keep the base values. ``params`` (the
+    model's contact parameters: substep, soft impedance) is needed when ``dr`` draws a soft ground."""
     k, nb = base.body_mass.shape
     nv = base.dof_armature.shape[1]
     dev = base.body_mass.device
@@ -136,5 +155,32 @@ def sample_physics(base: Physics, dr: DomainRandomization, gen: torch.Generator)
     if dr.damping_scale is not None:
         s = uniform(gen, dr.damping_scale[0], dr.damping_scale[1], (k, nv), dev)
         damp = torch.where(hinge, damp * s, damp)
+    gains = _contact_gains(base.contact_bias, dr, gen, params)
     return Physics(body_mass=mass, body_com=com, body_inertia=inertia, dof_armature=arm, dof_damping=damp, kp=kp,
-                   kd=kd, mu=mu)
+                   kd=kd, mu=mu, contact_bias=gains)
+
+
+def _contact_gains(base: torch.Tensor, dr: DomainRandomization, gen: torch.Generator,
+                   params: ContactParams | None) -> torch.Tensor:
+    """[k, 3] normal-row bias gains (g_free, g_start, g_depth) with the contact draws of ``dr`` applied to ``base``:
+    a drawn Baumgarte factor replaces g_depth; a soft ground of time constant T sets (g_free, g_start) = (i, 2 h / T
+    - i) as ``ContactParams.normal_bias_gains`` does (impedance i, substep h)."""
+    k, dev = base.shape[0], base.device
+    gains = base
+    if dr.contact_beta is not None:
+        gains = gains.clone()
+        gains[:, 2] = uniform(gen, dr.contact_beta[0], dr.contact_beta[1], (k,), dev)
+    if dr.contact_soft_timeconst is not None:
+        if params is None:
+            raise ValueError("sample_physics needs the model's ContactParams to draw a soft ground")
+        lo, hi = dr.contact_soft_timeconst
+        if lo < 2 * params.dt:
+            raise ValueError(f"DomainRandomization.contact_soft_timeconst must be >= 2 substeps ({2 * params.dt:g} s), "
+                             f"got {dr.contact_soft_timeconst}")
+        t = uniform(gen, lo, hi, (k,), dev)
+        soft = torch.rand(k, generator=gen, device=dev) < dr.contact_soft_share
+        i = float(params.soft_impedance)
+        gains = gains.clone()
+        gains[:, 0] = torch.where(soft, torch.full_like(t, i), gains[:, 0])
+        gains[:, 1] = torch.where(soft, 2.0 * params.dt / t - i, gains[:, 1])
+    return gains

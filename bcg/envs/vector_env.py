@@ -503,7 +503,7 @@ class G1TrackingVectorEnv(VectorEnv):
         physics = None
         if s.physics is not None:
             base = Physics(*(t[s.env_id[idx]] for t in self._default_physics))
-            physics = sample_physics(base, dr, g) if dr.physics_active else base
+            physics = sample_physics(base, dr, g, self.model.params) if dr.physics_active else base
         return EnvState(q=q, qd=qd, frame=frame, episode_steps=torch.zeros_like(frame), prev_actions=prev,
                         delayed_actions=prev, joint_offset=offset, latency=lat, push_countdown=countdown,
                         push_vel=push_vel, rng_key=keys, env_id=s.env_id[idx], physics=physics)

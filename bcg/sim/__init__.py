@@ -40,7 +40,7 @@ from bcg.sim.model import (
     load_model,
     model_from_mujoco,
 )
-from bcg.sim.physics import check_physics, default_physics
+from bcg.sim.physics import check_physics, default_physics, physics_from_saved
 from bcg.sim.reference import Kinematics, forward_kinematics, quat_mul_wxyz, quat_to_matrix_wxyz
 from bcg.sim.types import ContactReport, Physics
 
@@ -76,6 +76,7 @@ __all__ = [
     "mass_matrix",
     "model_from_mujoco",
     "parallel",
+    "physics_from_saved",
     "prepack",
     "quat_mul_wxyz",
     "quat_to_matrix_wxyz",

@@ -448,9 +448,7 @@ def contact_setup(
     qd: wp.array2d(dtype=float),
     # parameters
     kappa: float,
-    g_free: float,
-    g_start: float,
-    g_depth: float,
+    bias_gains: wp.array2d(dtype=float),
     dt: float,
     # outputs (each written once per substep)
     J_foot: wp.array3d(dtype=float),
@@ -476,11 +474,16 @@ def contact_setup(
 
     s_act [N, nc] = sigmoid(kappa d) weights the tangent rows; s_norm [N, nc] weights the normal rows with the
     regulariser of the foot's mean normal entry (see ``normal_weight``); A_foot [N, nf] holds (sum, count) of the
-    foot's normal entries.
+    foot's normal entries. bias_gains [N or 1, 3] are the normal rows' (g_free, g_start, g_depth) per environment
+    (``ContactParams.normal_bias_gains``; not differentiated).
     """
     e = wp.tid()
     nc = sphere_body.shape[0]
     nf = foot_body.shape[0]
+    eg = e % bias_gains.shape[0]  # one row per environment, or the model's own row for all
+    g_free = bias_gains[eg, 0]
+    g_start = bias_gains[eg, 1]
+    g_depth = bias_gains[eg, 2]
     for f in range(nf):
         a0 = body_last_dof[foot_body[f]]
         S0 = S[e, a0]

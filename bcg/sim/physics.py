@@ -1,18 +1,20 @@
 """Per-environment physical parameters: one row per environment overriding the model's shared values.
 
-Domain randomisation draws these (masses, centres of mass, inertias, armature, damping, PD gains, ground friction)
-independently for every environment; :func:`bcg.sim.step` takes them as its ``physics`` argument. The step is not
-differentiable with respect to them.
+Domain randomisation draws these (masses, centres of mass, inertias, armature, damping, PD gains, ground friction,
+how the ground gives under the feet) independently for every environment; :func:`bcg.sim.step` takes them as its
+``physics`` argument. The step is not differentiable with respect to them.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 import torch
 
 from bcg.sim.model import SimModel
 from bcg.sim.types import Physics
 
-__all__ = ["Physics", "default_physics", "check_physics"]
+__all__ = ["Physics", "default_physics", "check_physics", "physics_from_saved"]
 
 
 def default_physics(model: SimModel, n: int, device: str | torch.device | None = None) -> Physics:
@@ -33,6 +35,7 @@ def default_physics(model: SimModel, n: int, device: str | torch.device | None =
         kp=rep(model.kp),
         kd=rep(model.kd),
         mu=torch.full((n,), float(model.params.mu), dtype=torch.float32, device=dev),
+        contact_bias=rep(model.params.normal_bias_gains()),
     )
 
 
@@ -43,7 +46,7 @@ def check_physics(model: SimModel, physics: Physics, n: int, device: torch.devic
     shapes = {
         "body_mass": (n, model.nb), "body_com": (n, model.nb, 3), "body_inertia": (n, model.nb, 3, 3),
         "dof_armature": (n, model.nv), "dof_damping": (n, model.nv), "kp": (n, model.nu), "kd": (n, model.nu),
-        "mu": (n,),
+        "mu": (n,), "contact_bias": (n, 3),
     }
     for name, shape in shapes.items():
         t = getattr(physics, name)
@@ -56,8 +59,24 @@ def check_physics(model: SimModel, physics: Physics, n: int, device: torch.devic
         if not bool(torch.isfinite(t).all()):
             raise ValueError(f"physics.{name} contains NaN or inf")
         values = t.diagonal(dim1=-2, dim2=-1) if name == "body_inertia" else t
-        if name != "body_com" and bool((values < 0).any()):
+        if name not in ("body_com", "contact_bias") and bool((values < 0).any()):
             what = "diagonal entries" if name == "body_inertia" else "values"
             raise ValueError(f"physics.{name} must have non-negative {what}")
     if bool((physics.body_mass[:, 0] <= 0).any()):
         raise ValueError("physics.body_mass of the root must be positive")
+
+
+def physics_from_saved(saved: Sequence[torch.Tensor] | Mapping[str, torch.Tensor], model: SimModel,
+                       device: str | torch.device) -> Physics:
+    """A :class:`Physics` from its fields as a checkpoint stores them (in field order, or by name), on ``device``.
+
+    Rows saved before the contact gains were per environment lack ``contact_bias``; they get the model's own."""
+    values = dict(saved) if isinstance(saved, Mapping) else dict(zip(Physics._fields, saved))
+    values = {k: t.to(device).clone() for k, t in values.items()}
+    if "contact_bias" not in values:
+        n = int(values["mu"].shape[0])
+        values["contact_bias"] = default_physics(model, n, device).contact_bias
+    missing = set(Physics._fields) - set(values)
+    if missing:
+        raise ValueError(f"saved physics rows lack the field(s) {sorted(missing)}")
+    return Physics(**values)

@@ -364,7 +364,10 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
     srad = torch.as_tensor(model.sphere_radius, **kw)
     ez = torch.tensor([0.0, 0.0, 1.0], **kw)
     rows_J, rows_w, s_act, pen = [], [], [], []
-    g_free, g_start, g_depth = p.normal_bias_gains()
+    if physics is None:
+        g_free, g_start, g_depth = p.normal_bias_gains()
+    else:
+        g_free, g_start, g_depth = physics.contact_bias.to(q).unbind(-1)
     dirs = [ez, torch.tensor([1.0, 0.0, 0.0], **kw), torch.tensor([0.0, 1.0, 0.0], **kw)]
     for c in range(nc):
         b = int(model.sphere_body[c])
@@ -381,7 +384,7 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
             w = (Jr * vs).sum(-1)
             if k == 0:  # the normal row's bias: Baumgarte or soft (ContactParams.normal_bias_gains)
                 w = g_free * w - g_depth * torch.clamp(d, min=0.0, max=PUSH_OUT_DEPTH) / dt
-                if g_start != 0.0:
+                if physics is not None or g_start != 0.0:
                     w = w + g_start * (Jr * qd).sum(-1)
             rows_w.append(w)
     if nc:

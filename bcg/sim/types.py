@@ -32,6 +32,9 @@ class Physics(NamedTuple):
     """[N, nu] PD velocity gains [N m s/rad]."""
     mu: torch.Tensor
     """[N] ground friction coefficients."""
+    contact_bias: torch.Tensor
+    """[N, 3] gains (g_free, g_start, g_depth) of the normal contact rows' velocity bias: how the ground gives
+    (:func:`bcg.sim.normal_bias_gains`; Baumgarte contact (1, 0, beta), soft contact (i, 2 h / T - i, beta))."""
 
     def index_put(self, env_ids: torch.Tensor, rows: Physics) -> Physics:
         """A copy whose rows ``env_ids`` are replaced by ``rows`` (a Physics of len(env_ids) environments)."""
