@@ -220,10 +220,10 @@ def make_jobs(methods: Sequence[str], motions: Sequence[str], seeds: Sequence[in
     for s in seeds:
         if isinstance(s, bool) or int(s) != s or s < 0:
             raise ValueError(f"seeds must be integers >= 0, got {s!r}")
-    from bcg.agents.train import _check_motion
+    from bcg.agents.train import check_motion
 
     for mo in motions:
-        _check_motion(mo)
+        check_motion(mo)
     return [Job(method=m, motion=mo, seed=int(s), out=str(out), **job_fields)
             for m in methods for mo in motions for s in seeds]
 
