@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from bcg.cli import main
-from bcg.evaluation.compare import Job, make_jobs, method_label, parse_method, run_jobs
+from bcg.evaluation.compare import Job, make_jobs, method_label, parse_method, run_job, run_jobs
 from bcg.evaluation.report import group, samples_table, transfer_rows, write_report
 
 TINY = dict(iterations=2, shac=(("num_envs", 4), ("horizon", 8)), ppo=(("num_envs", 4), ("n_steps", 8)),
@@ -84,6 +84,17 @@ def test_local_grid_results(local_grid: tuple[Path, list[dict]]) -> None:
         assert tr["episodes"] == 1 and 0 < tr["e_track_cm"] < 100 and math.isfinite(tr["delta_d_mm"])
         assert (Path(r["run_dir"]) / "policy.pt").is_file()
         assert (Path(r["run_dir"]) / "eval" / "metrics.json").is_file()
+        cfg = json.loads((Path(r["run_dir"]) / "config.json").read_text())
+        assert cfg["max_time_s"] is None and cfg["schedule_over_time"] is False  # iterations alone: their schedule
+
+
+def test_a_budget_binds_the_learning_rate_schedule(tmp_path: Path) -> None:
+    """With --budget-s the learning rates decay over the budget, as in `bcg train --max-time-s`."""
+    (job,) = make_jobs(["shac:bptt"], ["jump"], [0], tmp_path, **{**TINY, "iterations": 1, "budget_s": 60.0})
+    r = run_job(job)
+    assert r["error"] is None, r["error"]
+    cfg = json.loads((Path(r["run_dir"]) / "config.json").read_text())
+    assert cfg["max_time_s"] == 60.0 and cfg["schedule_over_time"] is True
 
 
 def test_report_builds_with_all_figures(local_grid: tuple[Path, list[dict]]) -> None:

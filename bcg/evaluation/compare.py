@@ -172,7 +172,10 @@ def run_job(job: Job | dict[str, Any]) -> dict[str, Any]:
         agent, est_name, params = parse_method(job.method)
         overrides: dict[str, Any] = dict(motion=job.motion, seed=job.seed, iterations=job.iterations,
                                          max_time_s=job.budget_s, out=Path(job.out), name=job.name, kappa=job.kappa,
-                                         checkpoint_every=0, progress=False, tensorboard=False, device=job.device)
+                                         checkpoint_every=0, progress=False, tensorboard=False, device=job.device,
+                                         # the learning rates decay over the budget that binds, as in `bcg train
+                                         # --max-time-s`, not over the preset's iterations (docs/training.md)
+                                         schedule_over_time=job.budget_s is not None)
         if agent == "shac":
             overrides["estimator"] = make(est_name, **params)
         cfg = default_config(agent, job.preset, **overrides)
