@@ -4,7 +4,11 @@
 ``metrics.csv`` and ``eval_CLIP.json``: the ``metrics.json`` of ``bcg evaluate RUN`` (the default protocol, 8
 episodes through the whole clip, in MuJoCo and in our simulator). The checkpoints and policies are left out for size.
 
-    python benchmarks/transfer_tables.py [--dir benchmarks/results/stay_up]
+    python benchmarks/transfer_tables.py [--dir benchmarks/results/stay_up]    # print every table
+    python benchmarks/transfer_tables.py --write docs/shac.md README.md          # replace them in the docs
+
+``--write`` replaces the text between ``<!-- transfer_tables:NAME -->`` and ``<!-- /transfer_tables:NAME -->`` in
+each file by table NAME (runs, ablation, methods, defaults, jump); a file without a marker is left as it is.
 """
 
 from __future__ import annotations
@@ -12,19 +16,20 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 LEVERS: tuple[str, ...] = ("domain_randomization", "adaptive_start", "termination_anchor_height",
                            "termination_gravity_z", "termination_end_effector_height", "replay_threshold",
-                           "action_scale_torque", "soft_contact_timeconst", "contact_beta")
+                           "action_scale_torque", "soft_contact_timeconst", "contact_beta", "contact_randomization")
 """TrainConfig fields a run of this table may set apart from `bcg train`'s defaults."""
 
 
 def settings(cfg_dict: dict[str, Any]) -> str:
     """The options that set a run apart from today's `bcg train` defaults, in its flag names (a run written before a
     default changed reads back as it ran: bcg.agents.train.LEGACY_DEFAULTS)."""
-    from bcg.agents.train import config_from_dict, default_config
+    from bcg.agents.train_config import config_from_dict, default_config
 
     cfg = config_from_dict(cfg_dict)
     default = default_config(cfg.agent, cfg.preset)
@@ -46,7 +51,7 @@ def settings(cfg_dict: dict[str, Any]) -> str:
 def schedule(cfg_dict: dict[str, Any]) -> str:
     """How the run's learning rate moved: SHAC's linear decay over the time budget or over N iterations; PPO's
     adaptive-KL rule."""
-    from bcg.agents.train import config_from_dict
+    from bcg.agents.train_config import config_from_dict
 
     cfg = config_from_dict(cfg_dict)
     if cfg.agent == "ppo":
@@ -94,14 +99,33 @@ METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
 """The three methods on the run clip at the same settings and budget (1200 s)."""
 
 
+DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("run (1200 s)", ("ts-bcg-run-s0", "ts-bcg-run-s1")),
+    ("jump (3600 s)", ("def60-bcg-jump-s0", "def60-bcg-jump-s1")),
+    ("fight (1200 s)", ("def-bcg-fight-s0", "def-bcg-fight-s1")),
+    ("dance (1200 s)", ("def-bcg-dance-s0", "def-bcg-dance-s1")),
+    ("J_ShortDance16_JazzWalk, G1 Moves (1200 s)", ("ts-bcg-jazzwalk-s0",)),
+)
+"""`bcg train --motion CLIP --estimator bcg --max-time-s T` with no other flag, per clip; the seeds kept so far (a
+group is printed with the seeds it has)."""
+
+JUMP_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("stay-up layers, schedule over about 2000 iterations (1500 s)", ("drlay2k-bcg-jump-s0", "drlay2k-bcg-jump-s1")),
+    ("the same with --contact-randomization (1500 s)", ("cr-bcg-jump-s0", "cr-bcg-jump-s1")),
+    ("the same with a fixed soft ground (--soft-contact-timeconst 0.02 --contact-beta 0.2), 500-it schedule",
+     ("drlaysoft-bcg-jump-s0",)),
+)
+"""What was tried on the jump's landings, where MuJoCo's softer contact and ours part."""
+
+
 def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: str) -> str:
     """One row per group of runs (seeds): MuJoCo falls summed over seeds and episodes, mean episode and E_track
-    averaged over seeds (with each seed's value), samples; the groups whose runs are not all kept are left out."""
+    averaged over seeds (with each seed's value), samples; a group shows the runs of it that are kept."""
     lines = [f"| {first} | seeds | samples per seed | MuJoCo: falls, mean episode [s], E_track [cm] | ours: falls, "
              "mean episode [s], E_track [cm] |", "|---|---|---|---|---|"]
     for label, names in groups:
-        runs = [root / n for n in names]
-        if not all(r.exists() and any(r.glob("eval_*.json")) for r in runs):
+        runs = [r for r in (root / n for n in names) if r.exists() and any(r.glob("eval_*.json"))]
+        if not runs:
             continue
         evals = [json.loads(sorted(r.glob("eval_*.json"))[0].read_text()) for r in runs]
         samples = [int(float(last_row(r)["samples"])) for r in runs]
@@ -118,15 +142,49 @@ def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: 
     return "\n".join(lines)
 
 
+def tables(root: Path) -> dict[str, tuple[str, str]]:
+    """Every table by marker name: (title, Markdown)."""
+    return {
+        "runs": ("Every kept run", table(root)),
+        "ablation": ("Ablation, run clip", grouped(root, ABLATION, "levers")),
+        "methods": ("Methods, run clip", grouped(root, METHODS, "method")),
+        "defaults": ("`bcg train` default, per clip", grouped(root, DEFAULTS, "clip")),
+        "jump": ("The jump's landings", grouped(root, JUMP_LEVERS, "jump, SHAC+BCG")),
+    }
+
+
+def write_into(path: Path, found: dict[str, tuple[str, str]]) -> list[str]:
+    """Replace each marked table of ``path`` (indentation kept: a table inside a list item stays inside it);
+    returns the names replaced."""
+    text = path.read_text()
+    done = []
+    for name, (_, md) in found.items():
+        pat = re.compile(rf"^([ \t]*)<!-- transfer_tables:{name} -->\n.*?^[ \t]*<!-- /transfer_tables:{name} -->",
+                         re.M | re.S)
+
+        def repl(m: re.Match, md: str = md, name: str = name) -> str:
+            pad = m.group(1)
+            body = "\n".join(pad + line for line in md.splitlines())
+            return f"{pad}<!-- transfer_tables:{name} -->\n{body}\n{pad}<!-- /transfer_tables:{name} -->"
+
+        text, n = pat.subn(repl, text)
+        if n:
+            done.append(name)
+    path.write_text(text)
+    return done
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, default=Path(__file__).parent / "results" / "stay_up")
-    root = ap.parse_args().dir
-    print(table(root))
-    print("\nAblation, run clip:\n")
-    print(grouped(root, ABLATION, "levers"))
-    print("\nMethods, run clip:\n")
-    print(grouped(root, METHODS, "method"))
+    ap.add_argument("--write", type=Path, nargs="*", default=None, help="Markdown files whose marked tables to replace")
+    args = ap.parse_args()
+    found = tables(args.dir)
+    if args.write is None:
+        print("\n\n".join(f"{title}:\n\n{md}" for title, md in found.values()))
+        return
+    for path in args.write:
+        print(f"{path}: replaced {', '.join(write_into(path, found)) or 'nothing (no markers)'}")
 
 
 if __name__ == "__main__":
