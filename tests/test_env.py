@@ -303,13 +303,14 @@ def test_domain_randomization(motion_path: Path) -> None:
     assert again.physics.mu[0] != before[0] and torch.equal(again.physics.mu[1:], before[1:])
 
 
-def test_contact_randomization_draws_each_ground_and_keeps_the_other_draws(motion_path: Path) -> None:
+def test_contact_and_torque_limit_draws(motion_path: Path) -> None:
     """The contact draws: the Baumgarte factor within its range, a soft ground (g_free = the impedance, g_start =
     2 h / T - i for T in its range) for about the asked share, the model's own contact for the rest; the draws
     before them are those of the ranges without contact draws (same seed), so existing runs keep their numbers."""
     import dataclasses
 
     from bcg.envs.randomization import DomainRandomization
+    from bcg.sim import default_physics
 
     n = 64
     dr = DomainRandomization(contact_beta=(0.1, 0.5), contact_soft_timeconst=(0.01, 0.03), contact_soft_share=0.5)
@@ -327,8 +328,13 @@ def test_contact_randomization_draws_each_ground_and_keeps_the_other_draws(motio
     plain = make_vec(motion_path, n, domain_randomization=dataclasses.replace(
         dr, contact_beta=None, contact_soft_timeconst=None))
     plain.reset(seed=3)
-    for a, b in zip(plain.physics[:-1], env.physics[:-1], strict=True):
-        assert torch.equal(a, b)
+    for name in plain.physics._fields:
+        if name != "contact_bias":
+            assert torch.equal(getattr(plain.physics, name), getattr(env.physics, name)), name
+    tl = make_vec(motion_path, 4, domain_randomization=DomainRandomization(torque_limit_scale=(0.85, 1.2)))
+    tl.reset(seed=3)
+    scale = tl.physics.torque_limit / default_physics(tl.model, 4).torque_limit
+    assert ((scale >= 0.85 - 1e-6) & (scale <= 1.2 + 1e-6)).all() and scale.unique().numel() == scale.numel()
     with pytest.raises(ValueError, match="contact_beta must lie in"):
         DomainRandomization(contact_beta=(0.2, 1.5))
     with pytest.raises(ValueError, match="at least|>= 2 substeps"):

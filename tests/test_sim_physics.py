@@ -37,6 +37,7 @@ def _randomised(model, n, seed=0) -> Physics:
         kd=ph.kd * u((n, 1), 0.8, 1.2),
         mu=u((n,), 0.3, 1.2),
         contact_bias=_contact_gains(model, n, g),
+        torque_limit=ph.torque_limit * u((n, 1), 0.5, 1.0),  # half the limits: the saturation is reached
     )
 
 
@@ -108,18 +109,39 @@ def test_a_row_of_contact_gains_is_the_model_with_that_contact(g1_model):
 
 def test_physics_saved_before_the_contact_gains_load_with_the_models_own(g1_model):
     """Checkpoints store the rows as a list in field order (SHAC) or by name (PPO); rows written before
-    ``contact_bias`` existed get the model's gains, and a complete row set comes back unchanged."""
+    ``contact_bias`` and ``torque_limit`` existed get the model's, and a complete row set comes back unchanged."""
     from bcg.sim import physics_from_saved
 
     ph = _randomised(g1_model, 3)
     back = physics_from_saved(list(ph), g1_model, "cpu")
     assert all(torch.equal(a, b) for a, b in zip(back, ph, strict=True))
-    old = physics_from_saved(list(ph)[:-1], g1_model, "cpu")
-    assert torch.equal(old.contact_bias, default_physics(g1_model, 3).contact_bias)
-    by_name = {k: v for k, v in ph._asdict().items() if k != "contact_bias"}
+    old = physics_from_saved(list(ph)[:-2], g1_model, "cpu")  # the 8 fields of the first checkpoints
+    own = default_physics(g1_model, 3)
+    assert torch.equal(old.contact_bias, own.contact_bias) and torch.equal(old.torque_limit, own.torque_limit)
+    by_name = {k: v for k, v in ph._asdict().items() if k not in ("contact_bias", "torque_limit")}
     assert torch.equal(physics_from_saved(by_name, g1_model, "cpu").mu, ph.mu)
     with pytest.raises(ValueError, match=r"lack the field\(s\) \['kp'\]"):
         physics_from_saved({k: v for k, v in by_name.items() if k != "kp"}, g1_model, "cpu")
+
+
+def test_per_env_torque_limits_saturate_each_row_at_its_own_level(g1_model):
+    """Targets 1 rad off saturate the legs: a row with 0.6x the torque limits moves differently (by 8 rad/s on the
+    left hip pitch), both rows agree with the float64 oracle given the same limits, and the model's own limits in a
+    row step as no rows at all."""
+    n = 2
+    q, qd, tg = _state(g1_model, n)
+    tg = tg + 1.0
+    ph = default_physics(g1_model, n)
+    lim = ph.torque_limit.clone()
+    lim[1] *= 0.6
+    ph = ph._replace(torque_limit=lim)
+    with torch.no_grad():
+        q1, qd1, _ = step(g1_model, q, qd, tg, ph)
+        q0, qd0, _ = step(g1_model, q[:1], qd[:1], tg[:1])
+        qr, qdr, _ = reference.step(g1_model, q.double(), qd.double(), tg.double(), Physics(*(t.double() for t in ph)))
+    assert torch.equal(qd1[0], qd0[0])
+    torch.testing.assert_close(qd1.double(), qdr, rtol=3e-4, atol=1e-4)  # float32: 1.0e-4 relative measured
+    assert (qd1[1] - qd1[0]).abs().max() > 5.0
 
 
 def test_each_environment_carries_its_own_weight(g1_model):

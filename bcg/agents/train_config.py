@@ -34,8 +34,8 @@ if TYPE_CHECKING:  # pragma: no cover - bound at parse time by _bind_types (plug
 
 __all__ = [
     "CONTACT_RANDOMIZATION", "DEFAULT_ITERATIONS", "ENV_PRESETS", "LEGACY_DEFAULTS", "RECORDED_FIELDS",
-    "RUN_CONTROL_FIELDS", "TrainConfig", "check_motion", "config_from_dict", "config_to_dict", "default_config",
-    "motion_name", "parse_train_args",
+    "TORQUE_LIMIT_RANDOMIZATION", "RUN_CONTROL_FIELDS", "TrainConfig", "check_motion", "config_from_dict",
+    "config_to_dict", "default_config", "motion_name", "parse_train_args",
 ]
 
 
@@ -58,6 +58,9 @@ LEGACY_DEFAULTS: dict[str, Any] = {
 CONTACT_RANDOMIZATION: dict[str, Any] = {
     "contact_beta": (0.1, 0.5), "contact_soft_timeconst": (0.01, 0.03), "contact_soft_share": 0.5}
 """The DomainRandomization ranges of --contact-randomization."""
+
+TORQUE_LIMIT_RANDOMIZATION: dict[str, Any] = {"torque_limit_scale": (0.85, 1.2)}
+"""The DomainRandomization range of --torque-limit-randomization."""
 
 DEFAULT_ITERATIONS = 100
 """Iterations of a run given neither --iterations nor --max-time-s."""
@@ -165,6 +168,10 @@ class TrainConfig:
     """Randomise how the ground gives, per environment: the contacts' Baumgarte factor U(0.1, 0.5), and for half the
     environments a soft ground (time constant U(0.01, 0.03) s, MuJoCo's 0.02 inside) (docs/envs.md). Works with or
     without --domain-randomization."""
+    torque_limit_randomization: bool = False
+    """Randomise each actuator's torque limit (where its torque saturates) by U(0.85, 1.2) per environment (MuJoCo's
+    hard clamp gives up to 16 % more than our smooth saturation near the limit; docs/envs.md). Works with or without
+    --domain-randomization."""
     max_episode_steps: int | None = None
     """Extra time limit of an episode in control steps (None: the clip's end)."""
     action_offset: Literal["default", "reference"] | None = None
@@ -299,10 +306,12 @@ class TrainConfig:
         """EnvConfig.domain_randomization: the flag, or the ranges with the contact draws added."""
         from bcg.envs.randomization import DomainRandomization
 
-        if not self.contact_randomization:
+        extra = {**(CONTACT_RANDOMIZATION if self.contact_randomization else {}),
+                 **(TORQUE_LIMIT_RANDOMIZATION if self.torque_limit_randomization else {})}
+        if not extra:
             return bool(self.domain_randomization)
         base = DomainRandomization() if self.domain_randomization else DomainRandomization.off()
-        return dataclasses.replace(base, **CONTACT_RANDOMIZATION)
+        return dataclasses.replace(base, **extra)
 
     @property
     def agent_config(self) -> Any:

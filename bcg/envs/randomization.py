@@ -6,7 +6,7 @@ Everything is drawn independently for every environment at each of its resets:
   friction, PD gain scale (kp and kd), link mass scale, base mass offset, link COM offset, joint armature scale,
   joint damping scale (the engine has viscous joint damping only, no dry friction, so the "joint friction" range
   scales ``dof_damping``), and, when asked for, how the ground gives under the feet (the contacts' Baumgarte factor,
-  and a soft ground's time constant for a share of the environments);
+  and a soft ground's time constant for a share of the environments) and the actuators' torque limits;
 * default joint position offset, action latency (0 or 1 control step), pushes (detached velocity impulses every
   U(1, 3) s), reset noise on the root position, root orientation and joint positions, observation noise.
 """
@@ -57,6 +57,9 @@ class DomainRandomization:
     the others keep the model's contact. Each value must be at least two substeps."""
     contact_soft_share: float = 0.5
     """Probability that an environment gets the soft ground of ``contact_soft_timeconst``."""
+    torque_limit_scale: Range | None = None
+    """Scale of each actuator's torque limit (the level the PD torque saturates at), U(lo, hi) per actuator; None:
+    the model's. MuJoCo clamps at the limit where our smooth saturation gives 16 % less there."""
     # --- actions, pushes, resets, observations ---
     joint_offset: Range | None = (-0.01, 0.01)
     """Offset of the default joint position (the action's centre) [rad], U(lo, hi) per joint. Per environment."""
@@ -93,7 +96,8 @@ class DomainRandomization:
         """Whether any physical parameter is randomised (the environments then pass bcg.sim.Physics rows)."""
         return any(r is not None for r in (self.friction, self.gain_scale, self.link_mass_scale,
                                             self.base_mass_offset, self.com_offset, self.armature_scale,
-                                            self.damping_scale, self.contact_beta, self.contact_soft_timeconst))
+                                            self.damping_scale, self.contact_beta, self.contact_soft_timeconst,
+                                            self.torque_limit_scale))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -103,6 +107,8 @@ class DomainRandomization:
                     raise ValueError(f"DomainRandomization.{f.name} must be a finite range (lo <= hi), got {v}")
         if not 0.0 <= self.latency_prob <= 1.0:
             raise ValueError(f"DomainRandomization.latency_prob must be in [0, 1], got {self.latency_prob}")
+        if self.torque_limit_scale is not None and self.torque_limit_scale[0] <= 0:
+            raise ValueError(f"DomainRandomization.torque_limit_scale must be > 0, got {self.torque_limit_scale}")
         if self.contact_beta is not None and not 0.0 <= self.contact_beta[0] <= self.contact_beta[1] <= 1.0:
             raise ValueError(f"DomainRandomization.contact_beta must lie in [0, 1], got {self.contact_beta}")
         if self.contact_soft_timeconst is not None and self.contact_soft_timeconst[0] <= 0:
@@ -156,8 +162,12 @@ def sample_physics(base: Physics, dr: DomainRandomization, gen: torch.Generator,
         s = uniform(gen, dr.damping_scale[0], dr.damping_scale[1], (k, nv), dev)
         damp = torch.where(hinge, damp * s, damp)
     gains = _contact_gains(base.contact_bias, dr, gen, params)
+    limit = base.torque_limit
+    if dr.torque_limit_scale is not None:
+        lo, hi = dr.torque_limit_scale
+        limit = limit * uniform(gen, lo, hi, tuple(limit.shape), dev)
     return Physics(body_mass=mass, body_com=com, body_inertia=inertia, dof_armature=arm, dof_damping=damp, kp=kp,
-                   kd=kd, mu=mu, contact_bias=gains)
+                   kd=kd, mu=mu, contact_bias=gains, torque_limit=limit)
 
 
 def _contact_gains(base: torch.Tensor, dr: DomainRandomization, gen: torch.Generator,

@@ -127,7 +127,7 @@ def _build_arrays(model: SimModel) -> ModelArrays:
         kd=f32(model.kd[None]),
         mu=f32(np.array([model.params.mu])),
         contact_bias=f32(np.array([model.params.normal_bias_gains()])),
-        torque_limit=f32(limit),
+        torque_limit=f32(limit[None]),
         actuator_speed=f32(speed),
         sphere_body=i32(model.sphere_body),
         sphere_pos=f32(model.sphere_pos.reshape(-1, 3), wp.vec3),
@@ -289,7 +289,8 @@ def step_layout(model: SimModel, n: int, per_env_physics: bool = False) -> SetLa
         order += [("physics", 0, name, shape, dt) for name, shape, dt in (
             ("body_mass", (n, nb), float), ("body_com", (n, nb), wp.vec3), ("body_inertia", (n, nb), wp.mat33),
             ("dof_armature", (n, nv), float), ("dof_damping", (n, nv), float), ("kp", (n, nu), float),
-            ("kd", (n, nu), float), ("mu", (n,), float), ("contact_bias", (n, 3), float))]
+            ("kd", (n, nu), float), ("mu", (n,), float), ("contact_bias", (n, 3), float),
+            ("torque_limit", (n, nu), float))]
     fields, offset, marks = [], 0, {}
     for i, (group, index, name, shape, dtype) in enumerate(order):
         for mark, at in (("reset", n_reset), ("zero", n_zero), ("grad", n_grad)):
@@ -547,7 +548,7 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool
     q, qd = arrs.q[k], arrs.qd[k]
     ph = arrs.physics or dict(body_mass=m.body_mass, body_com=m.body_com, body_inertia=m.body_inertia,
                               dof_armature=m.dof_armature, dof_damping=m.dof_damping, kp=m.kp, kd=m.kd, mu=m.mu,
-                              contact_bias=m.contact_bias)
+                              contact_bias=m.contact_bias, torque_limit=m.torque_limit)
     launches = [
         Launch(K.fk_rnea,
                [q, qd, m.body_parent, m.body_pos, m.body_quat, m.body_axis, ph["body_mass"], ph["body_com"],
@@ -558,7 +559,7 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool
         Launch(K.mass_tau,
                [q, qd, arrs.targets, m.dof_body, m.dof_ancestors, m.dof_ancestor_count, ph["dof_armature"],
                 m.dof_zero if terms_only else ph["dof_damping"], m.dof_no_actuator if terms_only else m.dof_actuator,
-                m.dof_no_limit if terms_only else m.dof_limited, m.dof_range, ph["kp"], ph["kd"], m.torque_limit,
+                m.dof_no_limit if terms_only else m.dof_limited, m.dof_range, ph["kp"], ph["kd"], ph["torque_limit"],
                 m.actuator_speed, p.limit_kappa, p.limit_impedance, p.limit_beta, 0.0 if terms_only else p.dt,
                 s["S"], s["IC_O"], s["IC_h"], s["IC_m"], s["F_sub"]],
                [s["H"], s["tau"]]),

@@ -232,7 +232,7 @@ def mass_tau(
     dof_range: wp.array(dtype=wp.vec2),
     kp: wp.array2d(dtype=float),
     kd: wp.array2d(dtype=float),
-    torque_limit: wp.array(dtype=float),
+    torque_limit: wp.array2d(dtype=float),
     actuator_speed: wp.array(dtype=float),
     # parameters
     limit_kappa: float,
@@ -255,12 +255,13 @@ def mass_tau(
     Depth-indexed rows (H, L and L_tmp, D = the deepest dof's ancestor count + 1): H is nonzero only at (a, a) and
     (a, b) for b an ancestor of a, and row a keeps (a, b) at column depth(b) = dof_ancestor_count[b], so the
     diagonal is at count[a] and slots past it are never written or read. Armature, damping and gains are [P, nv]
-    / [P, nu] with P = 1 (shared) or N (per environment). Every term is linearly implicit in the new velocity
+    / [P, nu] and the torque limits [P, nu] with P = 1 (shared) or N (per environment). Every term is linearly implicit in the new velocity
     qd+: a force f(qd+) ~ f(qd) + f'(qd) (qd+ - qd) puts f(qd) into tau and -dt f'(qd) on the diagonal of H.
     """
     e = wp.tid()
     pe = e % dof_armature.shape[0]
     pg = e % kp.shape[0]
+    pt = e % torque_limit.shape[0]
     nv = dof_body.shape[0]
     for a in range(nv):
         i = dof_body[a]
@@ -277,7 +278,7 @@ def mass_tau(
             k_p = kp[pg, act]
             k_d = kd[pg, act]
             pd = k_p * (targets[e, act] - qa - dt * qd[e, a]) - k_d * qd[e, a]
-            act_tau = actuator_torque(pd, qd[e, a], torque_limit[act], actuator_speed[act])
+            act_tau = actuator_torque(pd, qd[e, a], torque_limit[pt, act], actuator_speed[act])
             u = u + act_tau[0]
             h_diag = h_diag + act_tau[1] * dt * (k_d + dt * k_p) - dt * act_tau[2]
         h_aa = wp.dot(S_a, F) + h_diag

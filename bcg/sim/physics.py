@@ -9,12 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from bcg.sim.model import SimModel
 from bcg.sim.types import Physics
 
-__all__ = ["Physics", "default_physics", "check_physics", "physics_from_saved"]
+__all__ = ["Physics", "UNLIMITED_TORQUE", "default_physics", "check_physics", "physics_from_saved"]
+
+UNLIMITED_TORQUE = 1e30
+"""Torque limit [N m] that stands for none in a Physics row (the kernels' convention; rows must be finite)."""
 
 
 def default_physics(model: SimModel, n: int, device: str | torch.device | None = None) -> Physics:
@@ -36,6 +40,7 @@ def default_physics(model: SimModel, n: int, device: str | torch.device | None =
         kd=rep(model.kd),
         mu=torch.full((n,), float(model.params.mu), dtype=torch.float32, device=dev),
         contact_bias=rep(model.params.normal_bias_gains()),
+        torque_limit=rep(np.where(np.isfinite(model.torque_limit), model.torque_limit, UNLIMITED_TORQUE)),
     )
 
 
@@ -46,7 +51,7 @@ def check_physics(model: SimModel, physics: Physics, n: int, device: torch.devic
     shapes = {
         "body_mass": (n, model.nb), "body_com": (n, model.nb, 3), "body_inertia": (n, model.nb, 3, 3),
         "dof_armature": (n, model.nv), "dof_damping": (n, model.nv), "kp": (n, model.nu), "kd": (n, model.nu),
-        "mu": (n,), "contact_bias": (n, 3),
+        "mu": (n,), "contact_bias": (n, 3), "torque_limit": (n, model.nu),
     }
     for name, shape in shapes.items():
         t = getattr(physics, name)
@@ -70,12 +75,15 @@ def physics_from_saved(saved: Sequence[torch.Tensor] | Mapping[str, torch.Tensor
                        device: str | torch.device) -> Physics:
     """A :class:`Physics` from its fields as a checkpoint stores them (in field order, or by name), on ``device``.
 
-    Rows saved before the contact gains were per environment lack ``contact_bias``; they get the model's own."""
+    Rows saved before the contact gains and torque limits were per environment lack ``contact_bias`` and
+    ``torque_limit``; they get the model's own."""
     values = dict(saved) if isinstance(saved, Mapping) else dict(zip(Physics._fields, saved))
     values = {k: t.to(device).clone() for k, t in values.items()}
-    if "contact_bias" not in values:
-        n = int(values["mu"].shape[0])
-        values["contact_bias"] = default_physics(model, n, device).contact_bias
+    later = ("contact_bias", "torque_limit")  # fields added after checkpoints were first written, in order
+    if any(k not in values for k in later) and "mu" in values:
+        own = default_physics(model, int(values["mu"].shape[0]), device)
+        for k in later:
+            values.setdefault(k, getattr(own, k))
     missing = set(Physics._fields) - set(values)
     if missing:
         raise ValueError(f"saved physics rows lack the field(s) {sorted(missing)}")

@@ -332,7 +332,8 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
     tau = -bias - damp * qd
     if model.nu:
         dofs = torch.as_tensor(model.actuator_dof, device=q.device)
-        lim = torch.as_tensor(model.torque_limit, **kw)
+        lim = (torch.as_tensor(model.torque_limit, **kw) if physics is None
+               else physics.torque_limit.to(q).where(physics.torque_limit < 1e29, torch.inf))
         speed = torch.as_tensor(model.actuator_speed, **kw)
         qj = q[:, dofs + 1]
         vj = qd[:, dofs]

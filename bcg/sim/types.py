@@ -34,7 +34,9 @@ class Physics(NamedTuple):
     """[N] ground friction coefficients."""
     contact_bias: torch.Tensor
     """[N, 3] gains (g_free, g_start, g_depth) of the normal contact rows' velocity bias: how the ground gives
-    (:func:`bcg.sim.normal_bias_gains`; Baumgarte contact (1, 0, beta), soft contact (i, 2 h / T - i, beta))."""
+    (``ContactParams.normal_bias_gains``; Baumgarte contact (1, 0, beta), soft contact (i, 2 h / T - i, beta))."""
+    torque_limit: torch.Tensor
+    """[N, nu] actuator torque limits [N m] (the soft saturation's level; 1e30 for an actuator without one)."""
 
     def index_put(self, env_ids: torch.Tensor, rows: Physics) -> Physics:
         """A copy whose rows ``env_ids`` are replaced by ``rows`` (a Physics of len(env_ids) environments)."""
