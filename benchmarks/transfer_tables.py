@@ -22,7 +22,8 @@ from typing import Any
 
 LEVERS: tuple[str, ...] = ("domain_randomization", "adaptive_start", "termination_anchor_height",
                            "termination_gravity_z", "termination_end_effector_height", "replay_threshold",
-                           "action_scale_torque", "soft_contact_timeconst", "contact_beta", "contact_randomization")
+                           "action_scale_torque", "soft_contact_timeconst", "contact_beta", "contact_randomization",
+                           "torque_limit_randomization")
 """TrainConfig fields a run of this table may set apart from `bcg train`'s defaults."""
 
 
@@ -112,6 +113,8 @@ group is printed with the seeds it has)."""
 JUMP_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stay-up layers, schedule over about 2000 iterations (1500 s)", ("drlay2k-bcg-jump-s0", "drlay2k-bcg-jump-s1")),
     ("the same with --contact-randomization (1500 s)", ("cr-bcg-jump-s0", "cr-bcg-jump-s1")),
+    ("the same with --contact-randomization --torque-limit-randomization (1500 s)",
+     ("crtl-bcg-jump-s0", "crtl-bcg-jump-s1")),
     ("the same with a fixed soft ground (--soft-contact-timeconst 0.02 --contact-beta 0.2), 500-it schedule",
      ("drlaysoft-bcg-jump-s0",)),
 )
