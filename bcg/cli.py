@@ -318,12 +318,23 @@ ESTIMATOR_COMMANDS: dict[str, type] = {"list": EstimatorsList}
 class Train:
     """Train SHAC (through a gradient estimator) or PPO on a G1 tracking clip: run directory, metrics, checkpoints."""
 
+    config: Any
+    """The run's :class:`bcg.agents.train_config.TrainConfig`."""
+
     @staticmethod
-    def from_cli(prog: str, args: Sequence[str]) -> Any:
+    def from_cli(prog: str, args: Sequence[str]) -> Train:
         """Parse with bcg.agents.train.parse_train_args (presets first, then field-by-field overrides)."""
         from bcg.agents.train import parse_train_args
 
-        return parse_train_args(args, prog=prog)  # bad values: ValueError / TypeError, a one-line message (main)
+        return Train(parse_train_args(args, prog=prog))  # bad values: ValueError / TypeError, a one-line message
+
+    def run(self) -> int:
+        """Train with the periodic evaluation (bcg.evaluation.periodic); the exit status is 130 after Ctrl-C and
+        143 after SIGTERM (each after a checkpoint). A checkpoint or run directory that cannot be used raises a
+        UserError (one line from ``bcg``)."""
+        from bcg.evaluation.periodic import train_and_evaluate
+
+        return train_and_evaluate(self.config).status
 
 
 @dataclass(frozen=True)

@@ -16,13 +16,6 @@ LAYERS = {"robots": 1, "sim": 1, "motion": 2, "envs": 3, "estimators": 4, "agent
 """Rank of each top-level part of ``bcg``; modules not named here (errors, files, parsing, ...) are shared
 utilities of rank 0, and ``bcg/__init__.py`` may import anything."""
 
-KNOWN_UPWARD = {
-    ("agents/train.py", "bcg.evaluation.mujoco_transfer"):
-        "the trainer's periodic evaluation replays the policy with `bcg evaluate`'s protocol; it moves out with the "
-        "runner (train.py's run loop, config parsing and run directory become their own modules)",
-}
-"""Upward imports that exist today, with why; a new one fails the test."""
-
 
 def _imports(path: Path) -> list[tuple[int, str]]:
     """(line, module) of every absolute import in ``path``, at any depth (function-level imports count)."""
@@ -53,17 +46,11 @@ def test_no_layer_imports_one_above_it():
             continue
         for line, mod in _imports(p):
             parts = mod.split(".")
-            if parts[0] != "bcg" or len(parts) < 2 or (rel, mod) in KNOWN_UPWARD:
+            if parts[0] != "bcg" or len(parts) < 2:
                 continue
             if LAYERS.get(parts[1], 0) > src:
                 found.append(f"bcg/{rel}:{line} imports {mod}")
     assert not found, "upward imports:\n" + "\n".join(found)
-
-
-def test_the_known_exceptions_still_exist():
-    """An exception that was removed is taken off the list, so that it cannot come back unnoticed."""
-    present = {(rel, mod) for rel, p in _modules() for _, mod in _imports(p)}
-    assert set(KNOWN_UPWARD) <= present, set(KNOWN_UPWARD) - present
 
 
 def test_the_rules_catch_what_they_forbid(tmp_path):

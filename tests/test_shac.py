@@ -492,7 +492,8 @@ def test_actor_bootstrap_warmup_leaves_the_critics_out(warmup: int) -> None:
 def _jump_eval(iterations: int, **shac_overrides) -> tuple[float, float]:
     """E_track [cm] of the deterministic policy (the trainer's evaluation) after iteration 1 and after ``iterations``
     of bcg train's cpu-small defaults on the jump clip (residual action map, seed 0)."""
-    from bcg.agents.train import build_agent, default_config, policy_evaluator
+    from bcg.agents.train import build_agent, default_config
+    from bcg.evaluation.periodic import policy_evaluator
 
     cfg = default_config("shac", "cpu-small", motion="jump")
     cfg = dataclasses.replace(cfg, shac=dataclasses.replace(cfg.shac, **shac_overrides))

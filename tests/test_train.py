@@ -579,3 +579,32 @@ def test_a_taken_run_name_suggests_resume_only_where_there_is_a_checkpoint(tmp_p
     with pytest.raises(UserError, match=r"run exists and is not empty; choose another --name, or continue it with "
                                         r"--resume .*run$"):
         _run(tmp_path, "--iterations", "1", "--name", "run")
+
+
+def test_train_evaluates_only_with_an_evaluator_factory(tmp_path):
+    """train() runs the factory's evaluator after iteration 1, every eval_every iterations and after the last
+    (the columns hold NaN between); without a factory the run has no evaluation columns, whatever eval_every says.
+    `bcg train` and `bcg compare` pass bcg.evaluation.periodic.policy_evaluator."""
+    from bcg.agents.train import parse_train_args, train
+    from bcg.cli import Train
+    from bcg.evaluation.periodic import policy_evaluator
+
+    seen = []
+
+    def factory(cfg):
+        def evaluate(agent):
+            seen.append(agent.iteration)
+            return {"eval_tracking_error_cm": 1.5, "eval_fall_rate": 0.25, "eval_episode_s": 3.0}
+        return evaluate
+
+    args = ["--no-progress", "--no-tensorboard", "--torch-threads", "None", "--out", str(tmp_path),
+            "--iterations", "5", "--eval-every", "2"]
+    run = train(parse_train_args([*args, "--name", "with"]), agent_factory=lambda c: PolicyAgent(),
+                evaluator_factory=factory).run_dir
+    rows = list(csv.DictReader(open(run / "metrics.csv")))
+    assert seen == [1, 2, 4, 5]
+    assert [r["eval_fall_rate"] for r in rows] == ["0.25", "0.25", "nan", "0.25", "0.25"]
+    run = train(parse_train_args([*args, "--name", "without"]), agent_factory=lambda c: PolicyAgent()).run_dir
+    assert "eval_fall_rate" not in open(run / "metrics.csv").readline()
+    cmd = Train.from_cli("bcg train", ["--motion", "run", "--eval-every", "3"])
+    assert cmd.config.eval_every == 3 and callable(policy_evaluator(cmd.config))

@@ -57,7 +57,7 @@ __all__ = [
     "DEFAULT_ITERATIONS", "EVAL_COLUMNS", "EXPORT_FILES", "FIXED_COLUMNS", "LEGACY_DEFAULTS",
     "RUN_CONTROL_FIELDS", "TrainConfig", "TrainResult", "Trainer", "build_agent", "check_motion",
     "checkpoint_export", "collect_versions", "config_from_dict", "config_to_dict", "default_config", "export_run",
-    "parse_train_args", "policy_evaluator", "run_name", "train",
+    "parse_train_args", "run_name", "train",
 ]
 
 
@@ -75,6 +75,10 @@ def build_agent(cfg: TrainConfig) -> Any:
     return PPOAgent(cfg.ppo, env_cfg, add=add, seed=cfg.seed, update_threads=cfg.update_threads)
 
 
+EvaluatorFactory = Callable[[TrainConfig], Callable[[Any], dict[str, float]]]
+"""``factory(cfg) -> evaluate(agent) -> {column: value}`` for the trainer's periodic evaluation columns."""
+
+
 @dataclass(frozen=True)
 class TrainResult:
     """What :func:`train` did."""
@@ -87,33 +91,15 @@ class TrainResult:
     """The agent at the end."""
 
 
-def policy_evaluator(cfg: TrainConfig) -> Callable[[Any], dict[str, float]]:
-    """``evaluate(agent) -> {EVAL_COLUMNS}``: the agent's exported (deterministic) policy replayed in our simulator
-    on ``cfg.eval_episodes`` fixed episodes of at most ``cfg.eval_seconds`` (bcg.evaluation.mujoco_transfer.replay,
-    the protocol of `bcg evaluate`, without gradients and with the run's dynamics and action map)."""
-    # the replay protocol lives with the evaluation; importing it lazily keeps agents importable without it
-    from bcg.agents.export import ExportedPolicy
-    from bcg.envs.config import DYNAMICS_FIELDS
-    from bcg.evaluation.mujoco_transfer import TransferOptions, replay
-
-    env_cfg = cfg.env_config()
-    options = TransferOptions(phases=cfg.eval_episodes, seeds=(0,), seconds=float(cfg.eval_seconds))
-    kwargs = {k: getattr(env_cfg, k) for k in ("action_offset", "action_scale", *DYNAMICS_FIELDS)
-              if getattr(env_cfg, k) is not None}
-
-    def evaluate(agent: Any) -> dict[str, float]:
-        export = agent.export_policy()
-        policy = ExportedPolicy(export["meta"], export["tensors"])
-        m = replay(policy, cfg.motion, options, simulator="bcg", env_kwargs=kwargs).metrics()
-        return {"eval_tracking_error_cm": float(m.e_track_cm), "eval_fall_rate": float(m.fall_rate),
-                "eval_episode_s": float(m.mean_episode_seconds)}
-
-    return evaluate
-
-
-def train(cfg: TrainConfig, *, agent_factory: Callable[[TrainConfig], Any] = build_agent) -> TrainResult:
+def train(cfg: TrainConfig, *, agent_factory: Callable[[TrainConfig], Any] = build_agent,
+          evaluator_factory: EvaluatorFactory | None = None) -> TrainResult:
     """Build the agent of ``cfg`` and train it in a new run directory, or, with ``cfg.resume``, continue that run
     in its own directory (or, with ``cfg.branch``, in a new one).
+
+    ``evaluator_factory(cfg) -> evaluate(agent) -> {EVAL_COLUMNS}`` runs every ``cfg.eval_every`` iterations; `bcg
+    train` and `bcg compare` pass :func:`bcg.evaluation.periodic.policy_evaluator` (the policy replayed with `bcg
+    evaluate`'s protocol). Without one the run has no periodic evaluation, whatever ``cfg.eval_every`` says: the
+    replay protocol belongs to the evaluation layer, above the agents.
 
     Everything that would lose or misplace a result is refused with a :class:`~bcg.errors.UserError` before any file
     is written (see :func:`resolve_run_dir`); so are a device this machine lacks and a motion file that changed since
@@ -136,7 +122,8 @@ def train(cfg: TrainConfig, *, agent_factory: Callable[[TrainConfig], Any] = bui
                       checkpoint_every=cfg.checkpoint_every, max_time_s=cfg.max_time_s, resume_from=ckpt,
                       schedule_over_time=cfg.schedule_follows_time(),
                       progress=cfg.progress, tensorboard=cfg.tensorboard,
-                      evaluator=policy_evaluator(cfg) if cfg.eval_every else None, eval_every=cfg.eval_every)
+                      evaluator=evaluator_factory(cfg) if cfg.eval_every and evaluator_factory else None,
+                      eval_every=cfg.eval_every)
     status = trainer.run()
     return TrainResult(run_dir=run_dir, status=status, agent=agent)
 

@@ -318,14 +318,6 @@ class TrainConfig:
         """The config of the chosen agent (``shac`` or ``ppo``)."""
         return self.shac if self.agent == "shac" else self.ppo
 
-    def run(self) -> int:
-        """Run :func:`train` (the ``bcg train`` command); returns the exit status (130 after Ctrl-C, 143 after
-        SIGTERM). A checkpoint or run directory that cannot be used raises a :class:`~bcg.errors.UserError` (one line
-        from ``bcg``)."""
-        from bcg.agents.train import train
-
-        return train(self).status
-
 
 def _packaged_motions() -> tuple[str, ...]:
     from bcg.motion import PACKAGED_MOTIONS

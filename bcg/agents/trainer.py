@@ -82,8 +82,9 @@ class Trainer:
             its agent state must fit ``agent``; the metrics rows are restored from it.
         progress: show the tqdm bar. tensorboard: write event files.
         export: write ``policy.pt`` from ``agent.export_policy()`` at the end.
-        evaluator: ``evaluator(agent) -> {column: value}`` for the :data:`EVAL_COLUMNS` (see :func:`policy_evaluator`),
-            called after iteration 1, every ``eval_every`` iterations and after the last; its time is not counted.
+        evaluator: ``evaluator(agent) -> {column: value}`` for the :data:`EVAL_COLUMNS`
+            (:func:`bcg.evaluation.periodic.policy_evaluator`), called after iteration 1, every ``eval_every``
+            iterations and after the last; its time is not counted.
     """
 
     def __init__(self, agent: Any, *, run_dir: str | Path, config: Mapping[str, Any], iterations: int | None,

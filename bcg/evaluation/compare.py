@@ -166,8 +166,9 @@ def run_job(job: Job | dict[str, Any]) -> dict[str, Any]:
                            "seed": job.seed, "kappa": job.kappa, "run_dir": None, "status": None, "error": None,
                            "curve": None, "transfer": None, "seconds": {"train": None, "transfer": None}}
     try:
-        from bcg.agents.train import default_config, train
+        from bcg.agents.train import default_config
         from bcg.estimators import make
+        from bcg.evaluation.periodic import train_and_evaluate
 
         agent, est_name, params = parse_method(job.method)
         overrides: dict[str, Any] = dict(motion=job.motion, seed=job.seed, iterations=job.iterations,
@@ -182,7 +183,7 @@ def run_job(job: Job | dict[str, Any]) -> dict[str, Any]:
         cfg = dataclasses.replace(cfg, shac=dataclasses.replace(cfg.shac, **dict(job.shac)),
                                   ppo=dataclasses.replace(cfg.ppo, **dict(job.ppo)))
         t0 = time.perf_counter()
-        result = train(cfg)
+        result = train_and_evaluate(cfg)
         res["seconds"]["train"] = time.perf_counter() - t0
         res["run_dir"], res["status"] = str(result.run_dir), int(result.status)
         res["curve"] = {k: [_finite(v) for v in vals] for k, vals in read_curve(result.run_dir / "metrics.csv").items()}
