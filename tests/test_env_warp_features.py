@@ -135,7 +135,7 @@ def test_metrics_and_instability_equal_the_torch_path(env: G1TrackingVectorEnv) 
     import bcg.sim
     from bcg.sim.bridge import MAX_ROOT_POSITION
 
-    want = env._unstable_torch(s.q, s.qd, float(bcg.sim.MAX_SPEED), float(MAX_ROOT_POSITION))
+    want = env.guard.torch_rows(s.q, s.qd, float(bcg.sim.MAX_SPEED), float(MAX_ROOT_POSITION))
     assert torch.equal(env._unstable(s), want) and want[:3].all()
 
 
@@ -263,14 +263,14 @@ def test_one_launch_step_outputs_equal_the_separate_launches(env: G1TrackingVect
     q[3, 2] = 0.05  # fallen
     qd[4, 9] = 1e4  # unstable
     with torch.no_grad():
-        out = env._step_outputs(q, qd, a, pa, frame0, steps0, env.reward_fn, env._check_bounds(),
+        out = env._step_outputs(q, qd, a, pa, frame0, steps0, env.reward_fn, env.guard.launch_bounds(),
                                 env.termination_height, env.termination_distance, 40)
         feats = env._features(q, qd)
         fc = (frame0 + 1).clamp(0, f - 1)
         reward = env._warp_reward(env.reward_fn, feats, fc, StepContext(a, pa, None))
         key_dist, track = env._warp_reward.metrics(feats, fc)
         obs = env._observe(feats, frame0 + 1)
-        bad = env._unstable_rows(q, qd)
+        bad = env.guard(q, qd)
     assert torch.equal(out.reward, reward) and torch.equal(out.obs, obs) and torch.equal(out.track, track)
     fell = q[:, 2] < env.termination_height
     terminated = fell | (key_dist > env.termination_distance) | bad

@@ -45,11 +45,11 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-import bcg.sim
 from bcg.envs.actions import ActionMap, default_action_scale
 from bcg.envs.config import EnvConfig, check_count
 from bcg.envs.demo_replay import DemonstrationReplay
 from bcg.envs.grad_mask import RowGradMask
+from bcg.envs.instability import InstabilityGuard
 from bcg.envs.observations import ReferenceTable, observation, observation_layout
 from bcg.envs.randomization import sample_physics, uniform
 from bcg.envs.rewards import StepContext, TrackingReward
@@ -57,7 +57,6 @@ from bcg.envs.start_sampling import AdaptiveStartSampler
 from bcg.envs.state import EnvState
 from bcg.envs.termination import DeviationTermination
 from bcg.envs.transition import TransitionFn, _hash32, hash_uniform, simulator_step
-from bcg.envs.warp_checks import UnstableCheck
 from bcg.envs.warp_features import WarpFeatureFn
 from bcg.envs.warp_hash import WarpHash
 from bcg.envs.warp_observation import WarpObservation
@@ -76,11 +75,6 @@ MAX_SEED: int = 2**63 - 1
 # streams of the counter-based draws (bcg.envs.transition.hash_uniform)
 _STREAM_PUSH, _STREAM_NOISE, _STREAM_RESET, _STREAM_START = 1, 2, 3, 4
 _NEXT_KEY_ADD = 0x5BD1E995  # the constant of G1TrackingVectorEnv._next_keys
-
-
-def _sim_bounds() -> tuple[float, float]:
-    """(largest |qd| entry, largest |root position| component) the simulator accepts, read at call time."""
-    return float(bcg.sim.MAX_SPEED), float(bcg.sim.MAX_ROOT_POSITION)
 
 
 def _check_seed(seed: Any) -> int | None:
@@ -140,7 +134,6 @@ class G1TrackingVectorEnv(VectorEnv):
         self.max_episode_steps = cfg.max_episode_steps
         self.termination_height = float(cfg.termination_height)
         self.termination_distance = float(cfg.termination_distance)
-        self.state_limit = float(cfg.state_limit)
         self.ref_steps = int(cfg.ref_steps)
         self.transition_fn: TransitionFn = transition_fn if transition_fn is not None else simulator_step
         """The physics of one control step (replaceable; see :class:`~bcg.envs.transition.TransitionFn`)."""
@@ -188,7 +181,8 @@ class G1TrackingVectorEnv(VectorEnv):
                                           self.ref_steps) if cpu else None)
         if self._warp_obs is not None and self._warp_obs.dim != self.obs_dim:
             raise RuntimeError(f"WarpObservation has {self._warp_obs.dim} entries, the layout {self.obs_dim}")
-        self._warp_unstable = UnstableCheck(m.nq, m.nv) if cpu else None
+        self.guard = InstabilityGuard(cfg.state_limit, m.nq, m.nv, use_warp=cpu)
+        """The instability guard: rows reset before the physics and ended after it (bcg.envs.instability)."""
         self._warp_reward = WarpTrackingReward(self._ref, nu) if cpu else None
         self._warp_hash = WarpHash() if cpu else None  # the counter-based draws, the same bits as the torch ones
         self._step_outputs = (WarpStepOutputs(self._features.warp_kin, self._warp_obs, self._warp_reward,
@@ -334,6 +328,7 @@ class G1TrackingVectorEnv(VectorEnv):
         """Switch the Warp paths of the step (CPU only) on or off; off, every step runs the torch code, which the
         Warp paths are tested against (``tests/test_env_warp_features.py``)."""
         self._warp = bool(on) and self.device.type == "cpu"
+        self.guard.use_warp = self._warp
         self._features.enabled = self._warp
         self._reset_cache = None  # its first observations were made by the other path
         self._warp_reset = None
@@ -524,20 +519,16 @@ class G1TrackingVectorEnv(VectorEnv):
             self._warp_reset = WarpTableReset((q, qd, self._held_actions(), obs), _NEXT_KEY_ADD, _STREAM_RESET)
         return self._warp_reset
 
-    def _bounds(self) -> tuple[float, float, float]:
-        """The bounds of the instability check now: (state_limit, MAX_SPEED, largest |root position|)."""
-        return (self.state_limit, *_sim_bounds())
-
     def _table_stable(self) -> bool:
         """Whether every reset-table state and every reference pose at rest (what an unstable row is replaced by)
         passes the instability check with the current bounds (computed once per set of bounds)."""
-        key = self._bounds()
+        key = self.guard.key()
         ok = self._stable_cache.get(key)
         if ok is None:
             with torch.no_grad():
                 q, qd, _ = self._reset_table()
                 rest = torch.zeros(self.num_frames, self.model.nv, device=self.device)
-                ok = not bool(self._unstable_rows(q, qd).any() or self._unstable_rows(self._ref_qpos, rest).any())
+                ok = not bool(self.guard(q, qd).any() or self.guard(self._ref_qpos, rest).any())
             self._stable_cache[key] = ok
         return ok
 
@@ -558,21 +549,17 @@ class G1TrackingVectorEnv(VectorEnv):
         return hash_uniform(key, counter, width, stream)
 
     def _unstable(self, s: EnvState) -> torch.Tensor:
-        """[N] bool: rows the simulator would refuse or that diverged: non-finite, |q| > state_limit, a root position
-        beyond bcg.sim's bound, a (near) zero root quaternion, or |qd| > bcg.sim.MAX_SPEED."""
-        return self._unstable_rows(s.q, s.qd)
+        """[N] bool: the rows of ``s`` the instability guard flags (:class:`~bcg.envs.instability.InstabilityGuard`)."""
+        return self.guard(s.q, s.qd)
 
-    def _unstable_rows(self, q: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
-        """:meth:`_unstable` of the rows ``q`` [M, nq], ``qd`` [M, nv]."""
-        if self._warp and UnstableCheck.accepts(q, qd):  # one launch (bcg.envs.warp_checks)
-            return self._warp_unstable(q.detach(), qd.detach(), *self._check_bounds())
-        max_speed, max_pos = _sim_bounds()
-        return self._unstable_torch(q, qd, max_speed, max_pos)
+    @property
+    def state_limit(self) -> float:
+        """Bound on |q| and |qd| entries beyond which a row counts as diverged (EnvConfig.state_limit)."""
+        return self.guard.state_limit
 
-    def _check_bounds(self) -> tuple[float, float, float]:
-        """(bound on |q|, on |root position|, on |qd|) of the instability check."""
-        max_speed, max_pos = _sim_bounds()
-        return self.state_limit, max_pos, min(self.state_limit, max_speed)
+    @state_limit.setter
+    def state_limit(self, value: float) -> None:
+        self.guard.state_limit = float(value)
 
     def _one_launch_outputs(self, q1: torch.Tensor, qd1: torch.Tensor, actions: torch.Tensor, s: EnvState) -> bool:
         """Whether a step's outputs can come from one launch (bcg.envs.warp_step): the Warp paths on, no autograd,
@@ -581,20 +568,6 @@ class G1TrackingVectorEnv(VectorEnv):
                 and self.deviation is None
                 and q1.dtype == torch.float32
                 and WarpStepOutputs.accepts(q1, qd1, actions, s.prev_actions, s.frame, s.episode_steps))
-
-    def _unstable_torch(self, q: torch.Tensor, qd: torch.Tensor, max_speed: float, max_pos: float) -> torch.Tensor:
-        """:meth:`_unstable` in torch operations (any device and dtype)."""
-        with torch.no_grad():
-            q, qd = q.detach(), qd.detach()
-            # NaN and inf fail a comparison with a finite bound (amax propagates NaN), so the bounds below check
-            # finiteness too; an explicit test is only needed when state_limit itself is infinite
-            qa = q.abs()
-            ok = (qa.amax(1) <= self.state_limit) & (qa[:, 0:3].amax(1) <= max_pos)
-            ok &= q[:, 3:7].norm(dim=1) >= 1e-6
-            ok &= qd.abs().amax(1) <= min(self.state_limit, max_speed)
-            if not math.isfinite(self.state_limit):
-                ok &= torch.isfinite(q).all(1)
-            return ~ok
 
     # ------------------------------------------------------------------------------------------------ observation
 
@@ -673,14 +646,14 @@ class G1TrackingVectorEnv(VectorEnv):
         q1, qd1, contact = self.transition_fn(self.model, q_in, qd_in, t_in, s.physics, env_ids=s.env_id, state=s)
         if not any_bad_in and self._one_launch_outputs(q1, qd1, actions, s):
             out = self._step_outputs(q1, qd1, actions, s.prev_actions, s.frame, s.episode_steps, self.reward_fn,
-                                     self._check_bounds(), self.termination_height, self.termination_distance,
+                                     self.guard.launch_bounds(), self.termination_height, self.termination_distance,
                                      self.max_episode_steps)
             if out.num_bad == 0:  # else the general path below replaces the unstable rows first
                 nxt = dataclasses.replace(s, q=q1, qd=qd1, frame=out.frame, episode_steps=out.steps,
                                           prev_actions=actions, delayed_actions=actions, push_countdown=countdown,
                                           push_vel=push_vel)
                 return nxt, out.reward, out.terminated, out.truncated, contact, None, out.bad, out.fell, out.track, out
-        bad = self._unstable_rows(q1, qd1)
+        bad = self.guard(q1, qd1)
         if any_bad_in:
             bad = bad_in | bad
         holder["drop"] = bad
@@ -807,7 +780,7 @@ class G1TrackingVectorEnv(VectorEnv):
 
     def _step(self, actions: torch.Tensor):
         s = self._state
-        if s is self._checked and self._checked_bounds == self._bounds():  # passed already (see the end)
+        if s is self._checked and self._checked_bounds == self.guard.key():  # passed already (see the end)
             unstable, any_unstable = torch.zeros(s.num_envs, dtype=torch.bool, device=self.device), False
         else:
             unstable = self._unstable(s)
@@ -871,7 +844,7 @@ class G1TrackingVectorEnv(VectorEnv):
         # every row of nxt passed the check after the physics or was replaced by its reference pose at rest, and
         # every reset row came from the reset table: when those poses pass too, the next step need not check again
         self._checked = nxt if self._noiseless_reset and self._table_stable() else None
-        self._checked_bounds = self._bounds()
+        self._checked_bounds = self.guard.key()
         # a transition function that reports per-call statistics (a gradient estimator) has them in info
         stats = getattr(self.transition_fn, "last_stats", None)
         if stats is not None and hasattr(stats, "as_dict"):

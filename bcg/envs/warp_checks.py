@@ -4,7 +4,8 @@ A row is unstable when an entry of ``q`` exceeds ``state_limit`` in magnitude, a
 the simulator's bound, the root quaternion is (near) zero, an entry of ``qd`` exceeds ``min(state_limit, max
 speed)``, or, with an infinite ``state_limit``, an entry of ``q`` is not finite. Each bound is tested as
 ``not (|x| <= bound)``, so NaN fails it the way it fails torch's ``amax`` comparison in the torch check
-(``G1TrackingVectorEnv._unstable_torch``); the two flag the same rows (``tests/test_env_perf_invariants.py``).
+(``bcg.envs.instability.InstabilityGuard.torch_rows``); the two flag the same rows
+(``tests/test_env_perf_invariants.py``).
 Two launches per step instead of about 14 torch operations each.
 """
 
