@@ -102,10 +102,12 @@ METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (1200 s)", ("ts-bcg-run-s0", "ts-bcg-run-s1")),
+    ("run (3600 s)", ("def60-bcg-run-s0", "def60-bcg-run-s1")),
     ("jump (3600 s)", ("def60-bcg-jump-s0", "def60-bcg-jump-s1")),
     ("fight (1200 s)", ("def-bcg-fight-s0", "def-bcg-fight-s1")),
     ("dance (1200 s)", ("def-bcg-dance-s0", "def-bcg-dance-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (1200 s)", ("ts-bcg-jazzwalk-s0",)),
+    ("J_ShortDance16_JazzWalk, G1 Moves (3600 s)", ("def60-bcg-jazzwalk-s0", "def60-bcg-jazzwalk-s1")),
 )
 """`bcg train --motion CLIP --estimator bcg --max-time-s T` with no other flag, per clip; the seeds kept so far (a
 group is printed with the seeds it has)."""
