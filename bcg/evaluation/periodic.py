@@ -7,9 +7,12 @@ sees the callable, so the replay protocol stays here, with the rest of the evalu
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bcg.agents.train_config import TrainConfig
+
+if TYPE_CHECKING:
+    from bcg.agents.train import TrainResult
 
 
 def policy_evaluator(cfg: TrainConfig) -> Callable[[Any], dict[str, float]]:
@@ -36,7 +39,7 @@ def policy_evaluator(cfg: TrainConfig) -> Callable[[Any], dict[str, float]]:
     return evaluate
 
 
-def train_and_evaluate(cfg: TrainConfig, **kwargs: Any) -> Any:
+def train_and_evaluate(cfg: TrainConfig, **kwargs: Any) -> TrainResult:
     """:func:`bcg.agents.train.train` with the periodic evaluation of :func:`policy_evaluator` (every
     ``cfg.eval_every`` iterations; none when it is 0); returns its :class:`~bcg.agents.train.TrainResult`."""
     from bcg.agents.train import train
