@@ -154,7 +154,7 @@ def env_parts(n: int, rounds: int = 5, block: int = 50) -> None:
         "reward (reference rows included)": reward,
         "termination and tracking distances": metrics,
         "instability check": lambda: env._unstable(s),
-        "observation noise draws": lambda: env._uniform(s.rng_key, s.episode_steps, env.obs_dim, 2),
+        "observation noise draws": lambda: env.draws.uniform(s.rng_key, s.episode_steps, env.obs_dim, 2),
     }
     print(f"\n# env step parts, N = {n}: torch code vs Warp launches, alternating, best of {rounds} blocks of {block} "
           "[ms per call]")

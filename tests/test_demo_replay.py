@@ -28,11 +28,11 @@ def start_state(env: G1TrackingVectorEnv, fall: bool = True):
     s = env.state
     q = s.q.clone()
     frame = torch.tensor([5, 10, 15, 20])
-    q[:] = env._reset_table()[0][frame]
+    q[:] = env.starts.table()[0][frame]
     q[2:, 1] += 0.5
     if fall:
         q[3, 2] = 0.1
-    return dataclasses.replace(s, q=q, qd=env._reset_table()[1][frame], frame=frame)
+    return dataclasses.replace(s, q=q, qd=env.starts.table()[1][frame], frame=frame)
 
 
 def make(motion_path, threshold: float | None, differentiable: bool = False) -> G1TrackingVectorEnv:
@@ -54,7 +54,7 @@ def test_replay_fires_above_the_threshold_and_leaves_the_other_rows_alone(motion
     assert info["replayed"].tolist() == [False, False, True, False]
     assert "replayed" not in info_p
     # the replayed row is the reference state of its frame, episode going on; its observation is that state's
-    q_t, qd_t, obs_t = env._reset_table()
+    q_t, qd_t, obs_t = env.starts.table()
     assert torch.equal(env.q[2], q_t[16]) and torch.equal(env.qd[2], qd_t[16]) and torch.equal(obs[2], obs_t[16])
     assert env.frame[2] == 16 and env.episode_steps[2] == 1 and torch.equal(env.prev_actions[2], a[2])
     # everything else is what the env without replay gives, bit for bit (the drifted step's reward included)

@@ -72,7 +72,7 @@ def test_an_episode_end_cuts_only_its_own_row(tmp_path) -> None:
         env = G1TrackingVectorEnv(2, str(path), differentiable=True, action_offset="reference")
         env.reset(seed=0)
         frame = torch.tensor([5, 10])
-        q, qd, _ = env._reset_table()
+        q, qd, _ = env.starts.table()
         q = q[frame].clone()
         if fall:
             q[1, 2] = 0.1  # below termination_height

@@ -224,11 +224,11 @@ def test_table_reset_launch_equals_the_torch_reset() -> None:
     obs = env.observe()
     done = torch.rand(11, generator=g) < 0.5
     done[0], done[1] = True, False
-    assert env._table_reset_applies(s, obs)
-    got, got_obs = env._table_reset()(s, done, obs)
+    assert env.starts.table_reset_applies(s, obs, noise_on=False)
+    got, got_obs = env.starts.table_reset()(s, done, obs)
     idx = done.nonzero().flatten()
-    want = env._reset_rows(s, idx, env._next_keys(s.rng_key[idx]))
-    want_obs = obs.index_put((idx,), env._reset_table()[2][want.frame[idx]])
+    want = env.starts.reset_rows(s, idx, env.draws.next_keys(s.rng_key[idx]))
+    want_obs = obs.index_put((idx,), env.starts.table()[2][want.frame[idx]])
     assert got.equal(want) and torch.equal(got_obs, want_obs)
     assert torch.equal(got.frame[~done], s.frame[~done]) and not torch.equal(got.rng_key[done], s.rng_key[done])
     assert s.equal(env.state)  # the state it read is untouched
@@ -240,7 +240,7 @@ def test_reset_frames_are_uniform_over_the_clip() -> None:
     env = G1TrackingVectorEnv(2, "jump")
     f = env.num_frames
     keys = torch.arange(20_000, dtype=torch.long) * 7919
-    frames = env._reset_frames(torch.arange(20_000) % 5, keys)
+    frames = env.starts.frames(torch.arange(20_000) % 5, keys)
     counts = torch.bincount(frames, minlength=f)
     assert int(frames.min()) == 0 and int(frames.max()) == f - 2 and int(counts[f - 1]) == 0
     mean = 20_000 / (f - 1)

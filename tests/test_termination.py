@@ -97,10 +97,10 @@ def test_env_terminates_a_deviating_row_with_its_other_rules(motion_path) -> Non
         env.reset(seed=0)
         s = env.state
         frame = torch.tensor([5, 10, 15])
-        q = env._reset_table()[0][frame].clone()
+        q = env.starts.table()[0][frame].clone()
         q[1, 2] += 0.3
         q[2, 2] = 0.1  # a fall
-        env.load_state(dataclasses.replace(s, q=q, qd=env._reset_table()[1][frame], frame=frame))
+        env.load_state(dataclasses.replace(s, q=q, qd=env.starts.table()[1][frame], frame=frame))
         return env.step(torch.zeros(3, 29))
 
     _, _, term, _, info = run(termination_anchor_height=0.25)

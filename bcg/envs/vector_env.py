@@ -48,33 +48,27 @@ from gymnasium.vector.utils import batch_space
 from bcg.envs.actions import ActionMap, default_action_scale
 from bcg.envs.config import EnvConfig, check_count
 from bcg.envs.demo_replay import DemonstrationReplay
+from bcg.envs.draws import STREAM_NOISE, CounterDraws
 from bcg.envs.grad_mask import RowGradMask
 from bcg.envs.instability import InstabilityGuard
 from bcg.envs.observations import ReferenceTable, observation, observation_layout
-from bcg.envs.randomization import sample_physics, uniform
+from bcg.envs.resets import EpisodeStarts
 from bcg.envs.rewards import StepContext, TrackingReward
 from bcg.envs.start_sampling import AdaptiveStartSampler
 from bcg.envs.state import EnvState
 from bcg.envs.termination import DeviationTermination
-from bcg.envs.transition import TransitionFn, _hash32, hash_uniform, simulator_step
+from bcg.envs.transition import TransitionFn, simulator_step
 from bcg.envs.warp_features import WarpFeatureFn
-from bcg.envs.warp_hash import WarpHash
 from bcg.envs.warp_observation import WarpObservation
-from bcg.envs.warp_reset import WarpTableReset
 from bcg.envs.warp_reward import WarpTrackingReward
 from bcg.envs.warp_step import WarpStepOutputs
 from bcg.motion.features import FeatureFn, Features
-from bcg.motion.rotations import euler_to_quat_wxyz, quat_mul_wxyz
 from bcg.sim import ContactReport, Physics, default_physics
 
 __all__ = ["G1TrackingVectorEnv", "MAX_SEED"]
 
 MAX_SEED: int = 2**63 - 1
 """Largest seed :meth:`G1TrackingVectorEnv.reset` accepts (seeds are integers in [0, MAX_SEED])."""
-
-# streams of the counter-based draws (bcg.envs.transition.hash_uniform)
-_STREAM_PUSH, _STREAM_NOISE, _STREAM_RESET, _STREAM_START = 1, 2, 3, 4
-_NEXT_KEY_ADD = 0x5BD1E995  # the constant of G1TrackingVectorEnv._next_keys
 
 
 def _check_seed(seed: Any) -> int | None:
@@ -163,9 +157,6 @@ class G1TrackingVectorEnv(VectorEnv):
         # the simulated state's features every step: one Warp launch (and one for the adjoint) on the CPU instead of
         # ~80 small torch operations per pass; the torch path elsewhere (bcg.envs.warp_features)
         self._features = WarpFeatureFn(m, torch.float32, dev)
-        self._sphere_body = torch.as_tensor(m.sphere_body, device=dev)
-        self._sphere_pos = torch.as_tensor(m.sphere_pos, **f32)
-        self._sphere_radius = torch.as_tensor(m.sphere_radius, **f32)
         self._ref: Features = self.motion.features  # reference features at every frame (the same FeatureFn)
         self._ref_table = ReferenceTable.of(self._ref)
         self._future = torch.arange(1, int(cfg.ref_steps) + 1, device=dev)  # frame offsets of the reference part
@@ -184,7 +175,8 @@ class G1TrackingVectorEnv(VectorEnv):
         self.guard = InstabilityGuard(cfg.state_limit, m.nq, m.nv, use_warp=cpu)
         """The instability guard: rows reset before the physics and ended after it (bcg.envs.instability)."""
         self._warp_reward = WarpTrackingReward(self._ref, nu) if cpu else None
-        self._warp_hash = WarpHash() if cpu else None  # the counter-based draws, the same bits as the torch ones
+        self.draws = CounterDraws(use_warp=cpu)
+        """The counter-based random draws of steps and resets (bcg.envs.draws)."""
         self._step_outputs = (WarpStepOutputs(self._features.warp_kin, self._warp_obs, self._warp_reward,
                                               self.num_frames) if cpu else None)
         self._warp = cpu
@@ -211,17 +203,17 @@ class G1TrackingVectorEnv(VectorEnv):
         self.nonfinite_count = 0
         """Environments reset by the instability guard since construction (non-finite or too fast states)."""
         self._default_physics = default_physics(self.model, num_envs, dev)
+        self.starts = EpisodeStarts(m, self._features, self._ref, self._ref_qpos, self._actions, self._target_base,
+                                    self._observe, self.domain_randomization, self._default_physics, self.control_dt,
+                                    self.draws, self.start_sampler, use_warp=cpu)
+        """Where and how rows start new episodes (bcg.envs.resets)."""
         self._state = self._initial_state()
         self._gen = torch.Generator(device=dev)
         self._gen.manual_seed(int(np.random.default_rng().integers(2**62)))
         self._needs_reset = True
         self._renderer = None
-        self._reset_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
-        self._held_cache: torch.Tensor | None = None
-        self._warp_reset: WarpTableReset | None = None  # made with the reset table, on the first autoreset
         self._checked: EnvState | None = None  # a state the instability check is known to pass (see _step)
         self._checked_bounds: tuple[float, float, float] | None = None
-        self._stable_cache: dict[tuple, bool] = {}
 
     # ------------------------------------------------------------------------------------------------ setup
 
@@ -330,8 +322,8 @@ class G1TrackingVectorEnv(VectorEnv):
         self._warp = bool(on) and self.device.type == "cpu"
         self.guard.use_warp = self._warp
         self._features.enabled = self._warp
-        self._reset_cache = None  # its first observations were made by the other path
-        self._warp_reset = None
+        self.draws.use_warp = self._warp
+        self.starts.use_warp = self._warp
 
     @property
     def feature_fn(self) -> FeatureFn:
@@ -379,175 +371,6 @@ class G1TrackingVectorEnv(VectorEnv):
         offset = self._state.joint_offset if joint_offset is None else joint_offset
         return self._actions.to_action(joint_targets, self._target_base(offset, self._state.frame, 1))
 
-    # ------------------------------------------------------------------------------------------------ resets
-
-    def _lift_to_ground(self, q: torch.Tensor) -> torch.Tensor:
-        """Raise root heights so that no foot sphere starts below z = 0."""
-        kin = self._features.kin(q)
-        R = kin.rot[:, self._sphere_body]
-        c = kin.pos[:, self._sphere_body] + (R @ self._sphere_pos[None, :, :, None])[..., 0]
-        low = (c[..., 2] - self._sphere_radius).amin(1)
-        return torch.cat([q[:, :2], q[:, 2:3] + torch.clamp(-low, min=0.0)[:, None], q[:, 3:]], 1)
-
-    def _push_draw(self, key: torch.Tensor, counter: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(countdown [K] long >= 1, velocity change [K, 6]) of the next push, from the rows' keys and counters."""
-        dr, dev = self.domain_randomization, self.device
-        if dr.push_interval is None:  # no draw needed (the draws are a function of key and counter: nothing is lost)
-            return torch.full_like(key, -1), torch.zeros(len(key), 6, device=dev)
-        u = self._uniform(key, counter, 7, _STREAM_PUSH)
-        t = dr.push_interval[0] + (dr.push_interval[1] - dr.push_interval[0]) * u[:, 0]
-        half = torch.tensor(dr.push_lin_vel + dr.push_ang_vel, dtype=torch.float32, device=dev)
-        return torch.clamp((t / self.control_dt).round().long(), min=1), (2 * u[:, 1:] - 1) * half
-
-    def _reset_pose(self, frame: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The reference state (q [K, nq], qd [K, nv]) at motion frames ``frame`` [K], before reset noise and lift."""
-        ref = self.ref_features(frame)
-        q = torch.cat([ref.root_pos_w, self._ref_qpos[frame.clamp(0, self.num_frames - 1), 3:7], ref.joint_pos], 1)
-        qd = torch.cat([ref.root_lin_vel_w, ref.root_ang_vel_b, ref.joint_vel], 1)
-        return q, qd
-
-    @property
-    def _noiseless_reset(self) -> bool:
-        """Whether a reset state depends on its frame alone (no reset noise on the root or the joints)."""
-        dr = self.domain_randomization
-        return dr.reset_root_pos is None and dr.reset_root_rot is None and dr.reset_joint_pos is None
-
-    def _reset_table(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(q [F, nq], qd [F, nv], noise-free observation [F, obs_dim]) of the reset state at every frame of the
-        clip, for resets without reset noise: computed once (the forward kinematics of the lift and of the first
-        observation otherwise cost two kinematics passes per reset step), row by row the same numbers."""
-        if self._reset_cache is None:
-            with torch.no_grad():
-                frames = torch.arange(self.num_frames, device=self.device)
-                q, qd = self._reset_pose(frames)
-                q = self._lift_to_ground(q)
-                self._reset_cache = (q, qd, self._observe(self._features(q, qd), frames))
-        return self._reset_cache
-
-    def _held_actions(self) -> torch.Tensor:
-        """[F, nu] the action whose PD target is the reference pose at every frame with zero joint offsets: a new
-        episode's previous action (so a policy that tracks the reference pays no action-rate cost). Computed once,
-        one table for every path, so a reset row is the same bits whichever path reset it."""
-        if self._held_cache is None:
-            with torch.no_grad():
-                frames = torch.arange(self.num_frames, device=self.device)
-                zeros = torch.zeros(self.num_frames, self.model.nu, device=self.device)
-                self._held_cache = self._actions.to_action(self._ref.joint_pos, self._target_base(zeros, frames))
-        return self._held_cache
-
-    def _reset_frames(self, idx: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-        """Start frames [K] long, uniform in [0, F - 2], of rows ``idx`` [K] starting new episodes with ``keys`` [K]:
-        24 bits of the counter-based draw (key, row index) times F - 1, shifted down (exact integers, so the Warp
-        reset draws the same frames). With adaptive start sampling, the sampler turns two such draws into a frame."""
-        if self.start_sampler is not None:
-            return self.start_sampler.frames_from_uniform(self._uniform(keys, idx, 2, _STREAM_START))
-        bits = (self._uniform(keys, idx, 1, _STREAM_RESET)[:, 0] * float(1 << 24)).long()
-        return (bits * (self.num_frames - 1)) >> 24
-
-    def _row_generator(self, idx: torch.Tensor, keys: torch.Tensor) -> torch.Generator:
-        """One generator for the K rows' other draws (reset noise, joint offsets, latency, physics), seeded from
-        their keys and indices, so the draws are a function of the state."""
-        mix = self._hash32(keys ^ (idx * 0x9E3779B1))
-        g = torch.Generator(device=self.device)
-        g.manual_seed(int((mix * (torch.arange(len(idx), device=self.device) + 1)).sum().item()) & MAX_SEED)
-        return g
-
-    def _reset_rows(self, s: EnvState, idx: torch.Tensor, keys: torch.Tensor) -> EnvState:
-        """``s`` with rows ``idx`` [K] starting new episodes drawn from the new per-row ``keys`` [K]. The new rows are
-        constants; the scatter is out of place and outside ``no_grad``, so the other rows keep their autograd graphs
-        (an episode ending inside a differentiable window cuts only its own row)."""
-        with torch.no_grad():
-            rows = self._start_rows(s, idx, keys)
-        return s.scatter(idx, rows)
-
-    def _start_rows(self, s: EnvState, idx: torch.Tensor, keys: torch.Tensor) -> EnvState:
-        """The K rows (a state of K rows) that rows ``idx`` [K] of ``s`` start their new episodes with, drawn from
-        their new ``keys`` [K]."""
-        k, dev, dr = len(idx), self.device, self.domain_randomization
-        nu = self.model.nu
-        frame = self._reset_frames(idx, keys)
-        needs_gen = (not self._noiseless_reset or dr.joint_offset is not None or dr.latency_prob > 0
-                     or s.physics is not None)
-        g = self._row_generator(idx, keys) if needs_gen else None
-        if self._noiseless_reset:  # the reset state is a function of the frame alone: read it from the table
-            q, qd, _ = self._reset_table()
-            q, qd = q[frame], qd[frame]
-        else:
-            q, qd = self._reset_pose(frame)
-            if dr.reset_root_pos is not None:
-                h = torch.as_tensor(dr.reset_root_pos, dtype=torch.float32, device=dev)
-                q = torch.cat([q[:, 0:3] + uniform(g, -h, h, (k, 3), dev), q[:, 3:]], 1)
-            if dr.reset_root_rot is not None:
-                h = torch.as_tensor(dr.reset_root_rot, dtype=torch.float32, device=dev)
-                rot = quat_mul_wxyz(euler_to_quat_wxyz(uniform(g, -h, h, (k, 3), dev)), q[:, 3:7])
-                q = torch.cat([q[:, :3], rot, q[:, 7:]], 1)
-            if dr.reset_joint_pos is not None:
-                q = torch.cat([q[:, :7], q[:, 7:] + uniform(g, -dr.reset_joint_pos, dr.reset_joint_pos, (k, nu), dev)],
-                              1)
-            q = self._lift_to_ground(q)
-        # the previous action reproduces the reference pose, so a policy that tracks it pays no action-rate cost
-        if dr.joint_offset is None:
-            offset, prev = torch.zeros(k, nu, device=dev), self._held_actions()[frame]
-        else:
-            offset = uniform(g, dr.joint_offset[0], dr.joint_offset[1], (k, nu), dev)
-            # frame < num_frames - 1: no clamp needed
-            prev = self._actions.to_action(self._ref.joint_pos[frame], self._target_base(offset, frame))
-        lat = (torch.rand(k, generator=g, device=dev) < dr.latency_prob
-               if dr.latency_prob > 0 else torch.zeros(k, dtype=torch.bool, device=dev))
-        countdown, push_vel = self._push_draw(keys, torch.zeros_like(keys))
-        physics = None
-        if s.physics is not None:
-            base = Physics(*(t[s.env_id[idx]] for t in self._default_physics))
-            physics = sample_physics(base, dr, g, self.model.params) if dr.physics_active else base
-        return EnvState(q=q, qd=qd, frame=frame, episode_steps=torch.zeros_like(frame), prev_actions=prev,
-                        delayed_actions=prev, joint_offset=offset, latency=lat, push_countdown=countdown,
-                        push_vel=push_vel, rng_key=keys, env_id=s.env_id[idx], physics=physics)
-
-    def _table_reset_applies(self, s: EnvState, obs: torch.Tensor) -> bool:
-        """Whether an autoreset of ``s`` is the reset table alone (no randomisation, no observation noise) and can
-        take the one-launch Warp path (:class:`~bcg.envs.warp_reset.WarpTableReset`, the same bits). Not for rows with
-        autograd graphs: the launch writes fresh tensors, which would cut the graphs of the rows that go on."""
-        dr = self.domain_randomization
-        return (self._warp and self._noiseless_reset and dr.joint_offset is None and dr.latency_prob == 0
-                and dr.push_interval is None and not self._noise_on and self.start_sampler is None
-                and not any(t.requires_grad for t in (s.q, s.qd, s.prev_actions, s.delayed_actions, obs))
-                and WarpTableReset.accepts(s, obs))
-
-    def _table_reset(self) -> WarpTableReset:
-        if self._warp_reset is None:
-            q, qd, obs = self._reset_table()
-            self._warp_reset = WarpTableReset((q, qd, self._held_actions(), obs), _NEXT_KEY_ADD, _STREAM_RESET)
-        return self._warp_reset
-
-    def _table_stable(self) -> bool:
-        """Whether every reset-table state and every reference pose at rest (what an unstable row is replaced by)
-        passes the instability check with the current bounds (computed once per set of bounds)."""
-        key = self.guard.key()
-        ok = self._stable_cache.get(key)
-        if ok is None:
-            with torch.no_grad():
-                q, qd, _ = self._reset_table()
-                rest = torch.zeros(self.num_frames, self.model.nv, device=self.device)
-                ok = not bool(self.guard(q, qd).any() or self.guard(self._ref_qpos, rest).any())
-            self._stable_cache[key] = ok
-        return ok
-
-    def _next_keys(self, keys: torch.Tensor) -> torch.Tensor:
-        """New keys [K] for rows starting a new episode (a deterministic function of the old ones)."""
-        return self._hash32(keys, _NEXT_KEY_ADD) & 0x7FFFFFFF
-
-    def _hash32(self, x: torch.Tensor, add: int = 0) -> torch.Tensor:
-        """``bcg.envs.transition._hash32(x + add)``: one Warp launch on the CPU (bcg.envs.warp_hash), same bits."""
-        if self._warp and WarpHash.accepts(x):
-            return self._warp_hash.hash32(x, add)
-        return _hash32(x + add if add else x)
-
-    def _uniform(self, key: torch.Tensor, counter: torch.Tensor, width: int, stream: int) -> torch.Tensor:
-        """``bcg.envs.transition.hash_uniform``: one Warp launch on the CPU (bcg.envs.warp_hash), same bits."""
-        if self._warp and WarpHash.accepts(key, counter):
-            return self._warp_hash.uniform(key, counter, width, stream)
-        return hash_uniform(key, counter, width, stream)
-
     def _unstable(self, s: EnvState) -> torch.Tensor:
         """[N] bool: the rows of ``s`` the instability guard flags (:class:`~bcg.envs.instability.InstabilityGuard`)."""
         return self.guard(s.q, s.qd)
@@ -583,7 +406,7 @@ class G1TrackingVectorEnv(VectorEnv):
 
     def _noise(self, s: EnvState) -> torch.Tensor:
         """Observation noise [N, obs_dim] of state ``s`` (a function of its keys and episode steps; detached)."""
-        u = self._uniform(s.rng_key, s.episode_steps, self.obs_dim, _STREAM_NOISE)
+        u = self.draws.uniform(s.rng_key, s.episode_steps, self.obs_dim, STREAM_NOISE)
         return (2 * u - 1) * self._obs_noise
 
     def observe(self, state: EnvState | None = None) -> torch.Tensor:
@@ -624,7 +447,7 @@ class G1TrackingVectorEnv(VectorEnv):
             push = countdown == 0
             dv = torch.where(push[:, None], push_vel, torch.zeros_like(push_vel))
             qd0 = qd0 + torch.cat([dv, torch.zeros(n, nv - 6, device=dv.device)], 1).detach()
-            new_count, new_vel = self._push_draw(s.rng_key, s.episode_steps + 1)
+            new_count, new_vel = self.starts.push_draw(s.rng_key, s.episode_steps + 1)
             countdown = torch.where(push, new_count, countdown) - 1
             push_vel = torch.where(push[:, None], new_vel, push_vel)
 
@@ -727,7 +550,7 @@ class G1TrackingVectorEnv(VectorEnv):
             idx = mask.nonzero().flatten()
         keys = torch.randint(0, 2**31 - 1, (len(idx),), generator=self._gen, device=dev)
         with torch.no_grad():
-            self._state = self._reset_rows(self._state.detach(), idx, keys)
+            self._state = self.starts.reset_rows(self._state.detach(), idx, keys)
             obs = self.observe()
         self._needs_reset = False
         info: dict[str, Any] = {"frame": self._state.frame.clone()}
@@ -787,7 +610,7 @@ class G1TrackingVectorEnv(VectorEnv):
             any_unstable = bool(unstable.any())
         if any_unstable:  # reset before the simulator sees the state, so training never raises
             idx = unstable.nonzero().flatten()
-            s = self._reset_rows(s, idx, self._next_keys(s.rng_key[idx]))
+            s = self.starts.reset_rows(s, idx, self.draws.next_keys(s.rng_key[idx]))
         nxt, reward, terminated, truncated, contact, sim, bad, fell, tracking_error, fused = self._transition(
             s, actions, stable=None if any_unstable else unstable, tracking=True)
         if fused is None:
@@ -797,7 +620,7 @@ class G1TrackingVectorEnv(VectorEnv):
             obs, done, num_bad, any_done = fused.obs, fused.done, fused.num_bad, fused.num_done > 0
         replayed = None
         if self.replay is not None:
-            nxt, obs, replayed = self.replay(nxt, obs, tracking_error, done, self._reset_table())
+            nxt, obs, replayed = self.replay(nxt, obs, tracking_error, done, self.starts.table())
         if self.start_sampler is not None:
             self.start_sampler.record(terminated, nxt.frame)
         num_unstable = (int(unstable.sum()) if any_unstable else 0) + num_bad
@@ -821,18 +644,18 @@ class G1TrackingVectorEnv(VectorEnv):
         noisy = final_obs
         if self.autoreset and any_done is None:
             any_done = bool(done.any())
-        if self.autoreset and any_done and self._table_reset_applies(nxt, obs):
+        if self.autoreset and any_done and self.starts.table_reset_applies(nxt, obs, noise_on):
             with torch.no_grad():  # one launch: the rows' new episodes and first observations (bcg.envs.warp_reset)
-                nxt, obs = self._table_reset()(nxt, done, obs)
+                nxt, obs = self.starts.table_reset()(nxt, done, obs)
             noisy = obs
         elif self.autoreset and any_done:
             idx = done.nonzero().flatten()
-            nxt = self._reset_rows(nxt, idx, self._next_keys(nxt.rng_key[idx]))
+            nxt = self.starts.reset_rows(nxt, idx, self.draws.next_keys(nxt.rng_key[idx]))
             with torch.no_grad():
-                table = self._noiseless_reset
+                table = self.starts.noiseless
                 rows = None if table and not noise_on else nxt[idx].detach()  # the rows' other fields only when read
                 if table:  # the new episodes' first observations depend on their frames alone
-                    obs_new = self._reset_table()[2][nxt.frame[idx]]
+                    obs_new = self.starts.table()[2][nxt.frame[idx]]
                 else:
                     obs_new = self._observe(self._features(rows.q, rows.qd), rows.frame)
                 if noise_on:
@@ -843,7 +666,7 @@ class G1TrackingVectorEnv(VectorEnv):
         self._state = nxt
         # every row of nxt passed the check after the physics or was replaced by its reference pose at rest, and
         # every reset row came from the reset table: when those poses pass too, the next step need not check again
-        self._checked = nxt if self._noiseless_reset and self._table_stable() else None
+        self._checked = nxt if self.starts.noiseless and self.starts.table_stable(self.guard) else None
         self._checked_bounds = self.guard.key()
         # a transition function that reports per-call statistics (a gradient estimator) has them in info
         stats = getattr(self.transition_fn, "last_stats", None)

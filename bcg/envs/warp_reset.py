@@ -10,8 +10,9 @@ rewrites the rows that start over, in those copies (:class:`bcg.sim.replay.Tenso
 copies in or out). The launch does not copy the other rows: Warp's CPU code copies an array element by element, at
 about 3 ns per float here, ten times slower than torch's memcpy.
 
-The draws are the same integer arithmetic as the torch path (:meth:`G1TrackingVectorEnv._reset_frames` and
-``_next_keys``), so the results are the same bits (``tests/test_env_warp_features.py``).
+The draws are the same integer arithmetic as the torch path (:meth:`bcg.envs.resets.EpisodeStarts.frames` and
+:meth:`bcg.envs.draws.CounterDraws.next_keys`), so the results are the same bits
+(``tests/test_env_warp_features.py``).
 """
 
 from __future__ import annotations
@@ -48,16 +49,17 @@ def _table_reset(
     t_qd: wp.array2d(dtype=wp.float32),  # [F, nv]
     t_prev: wp.array2d(dtype=wp.float32),  # [F, nu] the action that holds each frame's pose
     t_obs: wp.array2d(dtype=wp.float32),  # [F, D] first observation
-    key_add: wp.int64,  # _next_keys' constant
+    key_add: wp.int64,  # CounterDraws.next_keys' constant
     stream: wp.uint32,  # the start frames' stream of hash_uniform
     num_frames: wp.int64,
 ):
     i = wp.tid()
     if not done[i]:
         return
-    # _next_keys: _hash32(key + add) & 0x7FFFFFFF (the uint32 cast keeps the low 32 bits, as the torch mask does)
+    # CounterDraws.next_keys: _hash32(key + add) & 0x7FFFFFFF (the uint32 cast keeps the low 32 bits, as the
+    # torch mask does)
     k = wp.int64(_mix(wp.uint32(key[i] + key_add)) & wp.uint32(0x7FFFFFFF))
-    # _reset_frames: hash_uniform(key, row, 1, stream)'s 24 bits times (F - 1), shifted down: exact integers
+    # EpisodeStarts.frames: hash_uniform(key, row, 1, stream)'s 24 bits times (F - 1), shifted down: exact integers
     a = _mix(wp.uint32(k) * wp.uint32(0x9E37) + stream)
     b = _mix(a ^ wp.uint32(i))
     bits = wp.int64(_mix(b) >> wp.uint32(8))
@@ -87,13 +89,13 @@ _ARGS = ("done", "key", "frame", "steps", "q", "qd", "prev", "delayed", "offset"
 
 class WarpTableReset:
     """``(state, done [N] bool, obs [N, D]) -> (next state, obs)``: rows ``done`` start new episodes from the reset
-    table, as :meth:`G1TrackingVectorEnv._reset_rows` does without randomisation, in one launch; the other rows are
-    copied. Every output is a fresh tensor (states are never modified in place).
+    table, as :meth:`bcg.envs.resets.EpisodeStarts.reset_rows` does without randomisation, in one launch; the other
+    rows are copied. Every output is a fresh tensor (states are never modified in place).
 
     Args:
         table: ``(q [F, nq], qd [F, nv], prev [F, nu], obs [F, D])``, the reset state, held action and first
             observation at every frame (float32 CPU, kept alive here: the launches point into them).
-        key_add: the constant of ``_next_keys``; stream: the stream of the start-frame draw.
+        key_add: the constant of ``CounterDraws.next_keys``; stream: the stream of the start-frame draw.
     """
 
     def __init__(self, table: tuple[torch.Tensor, ...], key_add: int, stream: int):
