@@ -608,3 +608,25 @@ def test_train_evaluates_only_with_an_evaluator_factory(tmp_path):
     assert "eval_fall_rate" not in open(run / "metrics.csv").readline()
     cmd = Train.from_cli("bcg train", ["--motion", "run", "--eval-every", "3"])
     assert cmd.config.eval_every == 3 and callable(policy_evaluator(cmd.config))
+
+
+def test_bcg_train_command_trains_with_the_periodic_evaluation(monkeypatch):
+    """`bcg train` (cli.Train.run) hands train() the periodic evaluation of bcg.evaluation.periodic and returns
+    the run's status."""
+    import types
+
+    from bcg.agents.train import parse_train_args
+    from bcg.cli import Train
+    from bcg.evaluation import periodic
+
+    calls = []
+
+    def fake_train(cfg, **kwargs):
+        calls.append((cfg, kwargs))
+        return types.SimpleNamespace(status=143)
+
+    monkeypatch.setattr("bcg.agents.train.train", fake_train)
+    cfg = parse_train_args(["--motion", "jump", "--eval-every", "4"])
+    assert Train(cfg).run() == 143
+    assert len(calls) == 1 and calls[0][0] is cfg
+    assert calls[0][1] == {"evaluator_factory": periodic.policy_evaluator}
