@@ -287,7 +287,7 @@ def test_domain_randomization(motion_path: Path) -> None:
     assert env.joint_offset.abs().max() <= 0.01 and env.joint_offset.abs().max() > 0
     # observation noise: critic_obs is clean, the difference is within the per-term half-widths
     noise = obs - info["critic_obs"]
-    assert bool((noise.abs() <= env._obs_noise + 1e-6).all()) and noise.abs().max() > 0
+    assert bool((noise.abs() <= env.obs_noise.half_width + 1e-6).all()) and noise.abs().max() > 0
     # pushes every 2-3 steps change the velocity; episodes and draws are reproducible
     for _ in range(4):
         obs, r, *_ = env.step(torch.zeros(4, 29))

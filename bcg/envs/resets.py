@@ -213,6 +213,29 @@ class EpisodeStarts:
                         delayed_actions=prev, joint_offset=offset, latency=lat, push_countdown=countdown,
                         push_vel=push_vel, rng_key=keys, env_id=s.env_id[idx], physics=physics)
 
+    def autoreset(self, s: EnvState, done: torch.Tensor, obs: torch.Tensor, noisy: torch.Tensor,
+                  noise: Callable[[EnvState], torch.Tensor] | None) -> tuple[EnvState, torch.Tensor, torch.Tensor]:
+        """The same-step autoreset: rows ``done`` [N] bool of ``s`` start new episodes. Returns ``(state, obs,
+        noisy obs)`` [N, obs_dim] with the new rows' first observations put into ``obs`` and ``noisy`` (``noisy``
+        is ``obs`` when ``noise``, ``(rows) -> [K, obs_dim]`` observation noise, is None). Out of place with autograd
+        on: the rows that go on keep their graphs."""
+        if self.table_reset_applies(s, obs, noise is not None):
+            with torch.no_grad():  # one launch: the rows' new episodes and first observations (bcg.envs.warp_reset)
+                s, obs = self.table_reset()(s, done, obs)
+            return s, obs, obs
+        idx = done.nonzero().flatten()
+        s = self.reset_rows(s, idx, self.draws.next_keys(s.rng_key[idx]))
+        with torch.no_grad():
+            table = self.noiseless
+            rows = None if table and noise is None else s[idx].detach()  # the rows' other fields only when read
+            if table:  # the new episodes' first observations depend on their frames alone
+                obs_new = self.table()[2][s.frame[idx]]
+            else:
+                obs_new = self._observe(self._features(rows.q, rows.qd), rows.frame)
+            noisy_new = obs_new + noise(rows) if noise is not None else None
+        obs = obs.index_put((idx,), obs_new)
+        return s, obs, (noisy.index_put((idx,), noisy_new) if noise is not None else obs)
+
     def table_reset_applies(self, s: EnvState, obs: torch.Tensor, noise_on: bool) -> bool:
         """Whether an autoreset of ``s`` is the reset table alone (no randomisation, no observation noise) and can
         take the one-launch Warp path (:meth:`table_reset`, the same bits). Not for rows with autograd graphs: the

@@ -48,9 +48,10 @@ from gymnasium.vector.utils import batch_space
 from bcg.envs.actions import ActionMap, default_action_scale
 from bcg.envs.config import EnvConfig, check_count
 from bcg.envs.demo_replay import DemonstrationReplay
-from bcg.envs.draws import STREAM_NOISE, CounterDraws
+from bcg.envs.draws import CounterDraws
 from bcg.envs.grad_mask import RowGradMask
 from bcg.envs.instability import InstabilityGuard
+from bcg.envs.obs_noise import ObservationNoiseLayer
 from bcg.envs.observations import ReferenceTable, observation, observation_layout
 from bcg.envs.resets import EpisodeStarts
 from bcg.envs.rewards import StepContext, TrackingReward
@@ -190,8 +191,10 @@ class G1TrackingVectorEnv(VectorEnv):
         deviation = DeviationTermination(self._ref, cfg.termination_anchor_height, cfg.termination_gravity_z,
                                          cfg.termination_end_effector_height)
         self.deviation: DeviationTermination | None = deviation if deviation.active else None
-        self._obs_noise = torch.cat([torch.full((size,), cfg.observation_noise.half_width(name), **f32)
-                                     for name, size in self.observation_layout])
+        width = torch.cat([torch.full((size,), cfg.observation_noise.half_width(name), **f32)
+                           for name, size in self.observation_layout])
+        self.obs_noise = ObservationNoiseLayer(width, self.draws, bool(self.domain_randomization.observation_noise))
+        """Observation noise (bcg.envs.obs_noise); ``obs_noise.on`` says whether steps add it."""
 
         # finite bounds: states beyond state_limit count as diverged and are reset, so no entry exceeds this
         bound = np.float32(10.0 * self.state_limit)
@@ -400,15 +403,6 @@ class G1TrackingVectorEnv(VectorEnv):
             return self._warp_obs(sim, fut)
         return observation(sim, self._ref_table, fut)
 
-    @property
-    def _noise_on(self) -> bool:
-        return bool(self.domain_randomization.observation_noise)
-
-    def _noise(self, s: EnvState) -> torch.Tensor:
-        """Observation noise [N, obs_dim] of state ``s`` (a function of its keys and episode steps; detached)."""
-        u = self.draws.uniform(s.rng_key, s.episode_steps, self.obs_dim, STREAM_NOISE)
-        return (2 * u - 1) * self._obs_noise
-
     def observe(self, state: EnvState | None = None) -> torch.Tensor:
         """Noise-free observation [N, obs_dim] of ``state`` (default: the current state)."""
         s = self._state if state is None else state
@@ -554,9 +548,9 @@ class G1TrackingVectorEnv(VectorEnv):
             obs = self.observe()
         self._needs_reset = False
         info: dict[str, Any] = {"frame": self._state.frame.clone()}
-        if self._noise_on:
+        if self.obs_noise.on:
             info["critic_obs"] = obs
-            obs = obs + self._noise(self._state)
+            obs = obs + self.obs_noise(self._state)
         return obs, info
 
     def _check_actions(self, actions: Any) -> torch.Tensor:
@@ -638,31 +632,14 @@ class G1TrackingVectorEnv(VectorEnv):
         }
         if replayed is not None:
             info["replayed"] = replayed
-        noise_on = self._noise_on
+        noise_on = self.obs_noise.on
         clean_final = obs
-        final_obs = obs + self._noise(nxt) if noise_on else obs
+        final_obs = obs + self.obs_noise(nxt) if noise_on else obs
         noisy = final_obs
         if self.autoreset and any_done is None:
             any_done = bool(done.any())
-        if self.autoreset and any_done and self.starts.table_reset_applies(nxt, obs, noise_on):
-            with torch.no_grad():  # one launch: the rows' new episodes and first observations (bcg.envs.warp_reset)
-                nxt, obs = self.starts.table_reset()(nxt, done, obs)
-            noisy = obs
-        elif self.autoreset and any_done:
-            idx = done.nonzero().flatten()
-            nxt = self.starts.reset_rows(nxt, idx, self.draws.next_keys(nxt.rng_key[idx]))
-            with torch.no_grad():
-                table = self.starts.noiseless
-                rows = None if table and not noise_on else nxt[idx].detach()  # the rows' other fields only when read
-                if table:  # the new episodes' first observations depend on their frames alone
-                    obs_new = self.starts.table()[2][nxt.frame[idx]]
-                else:
-                    obs_new = self._observe(self._features(rows.q, rows.qd), rows.frame)
-                if noise_on:
-                    obs_new_noisy = obs_new + self._noise(rows)
-            # out of place with autograd on: the observations of the rows that go on keep their graphs
-            obs = obs.index_put((idx,), obs_new)
-            noisy = noisy.index_put((idx,), obs_new_noisy) if noise_on else obs
+        if self.autoreset and any_done:
+            nxt, obs, noisy = self.starts.autoreset(nxt, done, obs, noisy, self.obs_noise if noise_on else None)
         self._state = nxt
         # every row of nxt passed the check after the physics or was replaced by its reference pose at rest, and
         # every reset row came from the reset table: when those poses pass too, the next step need not check again
