@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -112,6 +113,19 @@ def test_variance_over_training_checkpoints(tmp_path: Path) -> None:
     assert all(v > 0 for v in vs) and len(set(vs)) == 3
     assert (out / "study_variance.png").stat().st_size > 10_000
     assert main(["study", "variance", "--run-dir", str(tmp_path / "nothing"), "--out", str(out)]) == 2
+    # several runs in one study (a SHAC run beside a SHAC+BCG run): entries labelled by run, paired start states
+    shutil.copytree(tmp_path / "r", tmp_path / "copy")
+    both = tmp_path / "both"
+    assert main(["study", "variance", "--run-dir", str(tmp_path / "r"), str(tmp_path / "copy"), "--checkpoints", "2",
+                 "--estimators", "bptt", "--windows", "4", "--seeds", "0", "--num-envs", "4", "--bootstrap", "50",
+                 "--out", str(both)]) == 0
+    two = json.loads((both / "variance.json").read_text())
+    assert [(e["study"]["run"], e["study"]["iteration"]) for e in two["entries"]] == [
+        ("r", 1), ("r", 3), ("copy", 1), ("copy", 3)]
+    v = [e["summary"]["bptt"]["V"] for e in two["entries"]]
+    assert v[:2] == v[2:] == [vs[0], vs[2]]  # the same checkpoints and start states give the same numbers
+    assert "| copy | " in (both / "variance.md").read_text()
+    assert main(["study", "variance", "--run-dir", str(tmp_path / "r"), str(tmp_path / "r"), "--out", str(both)]) == 2
 
 
 def test_sensitivity_study_tiny(tmp_path: Path) -> None:

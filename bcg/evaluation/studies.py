@@ -97,10 +97,10 @@ class StudyVariance:
     """Standard deviation of the linear residual's parameters (0: the reference-target policy)."""
     zo_rounds: int = 0
     """Antithetic zeroth-order pairs for the direction check (0: none; costs 2 rollouts per pair)."""
-    run_dir: Path | None = None
-    """Over training: a `bcg train` run directory; V is measured at its checkpoints (train with --checkpoint-every)
-    on the trained network, per-environment copies of its output layer (clip and kappa: the run's; --clips and
-    --kappas are then ignored)."""
+    run_dir: tuple[Path, ...] = ()
+    """Over training: one or more `bcg train` run directories (e.g. a SHAC run and a SHAC+BCG run); V is measured at
+    each run's checkpoints (train with --checkpoint-every) on the trained network, per-environment copies of its
+    output layer (clip and kappa: each run's own; --clips and --kappas are then ignored)."""
     checkpoints: int = 5
     """Over training: how many of the run's checkpoints, evenly spaced from the first to the last."""
     out: Path = Path("runs/study_variance")
@@ -111,7 +111,7 @@ class StudyVariance:
     def run(self) -> int:
         from bcg.evaluation.gradient_variance import VarianceStudy, run_study, study_dict
 
-        if self.run_dir is not None:
+        if self.run_dir:
             return self._run_over_training()
         try:
             check_estimator_specs(tuple(self.estimators))
@@ -154,38 +154,45 @@ class StudyVariance:
 
         try:
             check_estimator_specs(tuple(self.estimators))
-            chosen = run_checkpoints(Path(self.run_dir), self.checkpoints)
+            names = [Path(r).name for r in self.run_dir]
+            if len(set(names)) != len(names):
+                raise ValueError(f"--run-dir: the run directories need distinct names (they label the curves), got "
+                                 f"{names}")
+            runs_chosen = [(Path(r), run_checkpoints(Path(r), self.checkpoints)) for r in self.run_dir]
         except (ValueError, CheckpointError) as exc:
             print(f"bcg study variance: error: {exc}", file=sys.stderr)
             return 2
-        (self.out / "policies").mkdir(parents=True, exist_ok=True)
         built = {spec: make_estimator(spec) for spec in self.estimators}
-        entries, env = [], None
-        for it, ckpt in chosen:
-            policy = load_policy(export_run(ckpt, self.out / "policies" / f"iter_{it:06d}.pt"))
-            clip = policy_motion(policy.motion)  # a packaged name, or the run's own file (its hash checked)
-            kappa = float(policy.meta.get("env", {}).get("kappa") or 300.0)
-            if env is None:
-                env = make_study_env(clip, kappa, 2 * self.num_envs, self.device)
-            cp = CheckpointPolicy(policy)
-            theta0 = cp.initial_theta(self.num_envs).to(env.device)
-            for w in self.windows:
-                st = VarianceStudy(clip=clip, kappa=kappa, num_envs=self.num_envs, window=int(w),
-                                   seeds=tuple(self.seeds), bootstrap=self.bootstrap, confidence=self.confidence,
-                                   zo_rounds=0, device=self.device)
-                t0 = time.perf_counter()
-                runs: dict[str, dict[int, Any]] = {spec: {} for spec in self.estimators}
-                for seed in st.seeds:
-                    start = start_states(env, seed, st.num_envs, st.window)
-                    for spec, est in built.items():
-                        runs[spec][seed] = estimator_gradients(env, est, cp, theta0, start, st.window, seed)
-                summary = summarize(runs, self.estimators[0], bootstrap=st.bootstrap, confidence=st.confidence)
-                entries.append({"study": study_dict(st) | {"iteration": it, "checkpoint": str(ckpt)},
-                                "summary": _json_safe(summary), "seconds": time.perf_counter() - t0})
-                v = ", ".join(f"{e}: V {summary[e]['V']:.3g}" for e in self.estimators)
-                print(f"  iteration {it} T {w}: {v} ({entries[-1]['seconds']:.0f} s)", flush=True)
+        entries, env, made_for, cp = [], None, None, None
+        for run_dir, chosen in runs_chosen:
+            (self.out / "policies" / run_dir.name).mkdir(parents=True, exist_ok=True)
+            for it, ckpt in chosen:
+                policy = load_policy(export_run(ckpt, self.out / "policies" / run_dir.name / f"iter_{it:06d}.pt"))
+                clip = policy_motion(policy.motion)  # a packaged name, or the run's own file (its hash checked)
+                kappa = float(policy.meta.get("env", {}).get("kappa") or 300.0)
+                if made_for != (str(clip), kappa):
+                    env, made_for = make_study_env(clip, kappa, 2 * self.num_envs, self.device), (str(clip), kappa)
+                cp = CheckpointPolicy(policy)
+                theta0 = cp.initial_theta(self.num_envs).to(env.device)
+                for w in self.windows:
+                    st = VarianceStudy(clip=clip, kappa=kappa, num_envs=self.num_envs, window=int(w),
+                                       seeds=tuple(self.seeds), bootstrap=self.bootstrap, confidence=self.confidence,
+                                       zo_rounds=0, device=self.device)
+                    t0 = time.perf_counter()
+                    runs: dict[str, dict[int, Any]] = {spec: {} for spec in self.estimators}
+                    for seed in st.seeds:
+                        start = start_states(env, seed, st.num_envs, st.window)
+                        for spec, est in built.items():
+                            runs[spec][seed] = estimator_gradients(env, est, cp, theta0, start, st.window, seed)
+                    summary = summarize(runs, self.estimators[0], bootstrap=st.bootstrap, confidence=st.confidence)
+                    entries.append({"study": study_dict(st) | {"iteration": it, "checkpoint": str(ckpt),
+                                                               "run": run_dir.name},
+                                    "summary": _json_safe(summary), "seconds": time.perf_counter() - t0})
+                    v = ", ".join(f"{e}: V {summary[e]['V']:.3g}" for e in self.estimators)
+                    print(f"  {run_dir.name} iteration {it} T {w}: {v} ({entries[-1]['seconds']:.0f} s)", flush=True)
         data = {"estimators": list(self.estimators), "entries": entries, "x": "iteration",
-                "run_dir": str(self.run_dir), "parameters": f"output layer ({cp.num_params} parameters)"}
+                "run_dirs": [str(r) for r, _ in runs_chosen],
+                "parameters": f"output layer ({cp.num_params} parameters)"}
         _write_variance_outputs(data, self.out)
         return 0
 
@@ -266,18 +273,24 @@ def variance_plot(data: dict[str, Any], path: Path) -> Path:
     panels = list(dict.fromkeys(key(e) for e in data["entries"]))
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.4), squeeze=False)
     for ax, panel in zip(axes[0], panels):
-        es = sorted((e for e in data["entries"] if key(e) == panel), key=lambda e: e["study"][xk])
-        t = [e["study"][xk] for e in es]
-        for i, name in enumerate(data["estimators"]):
-            v = [e["summary"][name]["V"] for e in es]
-            lo = [e["summary"][name]["V_ci"][0] for e in es]
-            hi = [e["summary"][name]["V_ci"][1] for e in es]
-            ax.plot(t, v, "o-", color=f"C{i}", ms=3, lw=1.2, label=name)
-            ax.fill_between(t, lo, hi, color=f"C{i}", alpha=0.2, lw=0)
-            if len(t) == 1:
-                # a percentile bootstrap interval of few environments need not contain the estimate itself
-                ax.errorbar(t, v, yerr=[[max(v[0] - lo[0], 0.0)], [max(hi[0] - v[0], 0.0)]], color=f"C{i}",
-                            capsize=3)
+        in_panel = [e for e in data["entries"] if key(e) == panel]
+        runs = list(dict.fromkeys(e["study"].get("run") for e in in_panel))  # [None] outside over-training
+        for r_i, run in enumerate(runs):
+            es = sorted((e for e in in_panel if e["study"].get("run") == run), key=lambda e: e["study"][xk])
+            t = [e["study"][xk] for e in es]
+            for i, name in enumerate(data["estimators"]):
+                v = [e["summary"][name]["V"] for e in es]
+                lo = [e["summary"][name]["V_ci"][0] for e in es]
+                hi = [e["summary"][name]["V_ci"][1] for e in es]
+                label = name if run is None or len(runs) == 1 else f"{run}: {name}"
+                ax.plot(t, v, marker="o", color=f"C{i}", ls=("-", "--", ":", "-.")[r_i % 4], ms=3, lw=1.2,
+                        label=label)
+                ax.fill_between(t, lo, hi, color=f"C{i}", alpha=0.2 if len(runs) == 1 else 0.12, lw=0)
+                if len(t) == 1:
+                    # a percentile bootstrap interval of few environments need not contain the estimate itself
+                    ax.errorbar(t, v, yerr=[[max(v[0] - lo[0], 0.0)], [max(hi[0] - v[0], 0.0)]], color=f"C{i}",
+                                capsize=3)
+        es = in_panel
         ax.set_yscale("log")
         ax.set_xlabel("training iteration" if over else "window T [control steps]", fontsize=8)
         ax.set_ylabel("summed gradient variance V", fontsize=8)
@@ -298,11 +311,12 @@ def variance_markdown(data: dict[str, Any]) -> str:
              f"{e0['num_envs']} environments x seeds {e0['seeds']}; interval: bootstrap ({e0['bootstrap']} "
              f"resamples, {e0['confidence']:.0%} coverage); ratio: V / V_{ref} (paired bootstrap).", "",
              "![variance](study_variance.png)", "",
-             "| clip | kappa | T | iteration | estimator | V | V interval | ratio | ratio interval | trigger rate "
-             "| fell | s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| run | clip | kappa | T | iteration | estimator | V | V interval | ratio | ratio interval "
+             "| trigger rate | per-env gradient norm: median / max | fell | s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     if data.get("x") == "iteration":
-        lines[2:2] = [f"Over training: the policies of {data['run_dir']} at its checkpoints; V over the "
+        dirs = data.get("run_dirs") or [data.get("run_dir")]
+        lines[2:2] = [f"Over training: the policies of {', '.join(map(str, dirs))} at their checkpoints; V over the "
                       f"{data['parameters']}, the hidden layers fixed.", ""]
 
     def g(x: Any) -> str:
@@ -312,10 +326,12 @@ def variance_markdown(data: dict[str, Any]) -> str:
         st = e["study"]
         for name in data["estimators"]:
             s = e["summary"][name]
-            lines.append(f"| {Path(st['clip']).stem} | {st['kappa']:g} | {st['window']} | {st.get('iteration', '–')} | "
-                         f"{name} | {g(s['V'])} | "
+            norms = s.get("grad_norm_q50_q90_max") or [None, None, None]
+            lines.append(f"| {st.get('run', '–')} | {Path(st['clip']).stem} | {st['kappa']:g} | {st['window']} | "
+                         f"{st.get('iteration', '–')} | {name} | {g(s['V'])} | "
                          f"[{g(s['V_ci'][0])}, {g(s['V_ci'][1])}] | {g(s['ratio'])} | [{g(s['ratio_ci'][0])}, "
-                         f"{g(s['ratio_ci'][1])}] | {g(s['trigger_rate'])} | {g(s['fell'])} | {g(s['seconds'])} |")
+                         f"{g(s['ratio_ci'][1])}] | {g(s['trigger_rate'])} | {g(norms[0])} / {g(norms[2])} | "
+                         f"{g(s['fell'])} | {g(s['seconds'])} |")
     lines += ["", "The paper (docs/method.md §3.10) plots V in training, SHAC (bptt) and SHAC+BCG, jump clip, "
               "128 environments and a +-1 std band over 4000 bootstrap resamples; "
               + ("this study measures V at the run's checkpoints, over the output layer only (the full network's "
