@@ -211,8 +211,9 @@ def plot_motion(motion: Any, path: Path, render: bool = True) -> Path:
 
 @dataclass(frozen=True)
 class Bench:
-    """Simulator throughput and the ratios of issue 12: forward and forward+backward against MuJoCo's mj_step,
-    first / warm gradient rollout, 2 / 1 threads, env / bare simulator, memory kept with and without checkpointing."""
+    """Simulator throughput and its ratios (docs/performance.md): forward and forward+backward against MuJoCo's
+    mj_step, first / warm gradient rollout, 2 / 1 threads, env / bare simulator, memory kept with and without
+    checkpointing."""
 
     device: str = "cpu"
     """Simulator device: cpu, cuda or cuda:K."""

@@ -479,7 +479,7 @@ class PPOAgent:
             "env": {
                 "state": _env_state_dict(self.env.state),
                 "nonfinite_count": int(self.env.nonfinite_count),
-                "reset_generator": self.env._gen.get_state(),
+                "reset_generator": self.env.reset_generator.get_state(),
                 "layers": self.env.layers_state_dict(),
                 "episode_returns": torch.as_tensor(self.sb3_env._episode_returns.copy()),
                 "episode_lengths": torch.as_tensor(self.sb3_env._episode_lengths.copy()),
@@ -523,7 +523,7 @@ class PPOAgent:
         e = state["env"]
         self.env.load_state(_env_state_from_dict(e["state"], self.env.model, self.env.device))
         self.env.nonfinite_count = int(e["nonfinite_count"])
-        self.env._gen.set_state(e["reset_generator"])
+        self.env.reset_generator.set_state(e["reset_generator"])
         self.env.load_layers_state_dict(e.get("layers", {}))  # states saved before the layers existed have none
         self.sb3_env._episode_returns = e["episode_returns"].numpy().copy()
         self.sb3_env._episode_lengths = e["episode_lengths"].numpy().copy()

@@ -591,7 +591,7 @@ class SHAC:
             "obs": self._obs.clone(),
             "critic_obs": self._critic_obs.clone(),
             "env_state": env_state,
-            "env_generator": self.env._gen.get_state(),
+            "env_generator": self.env.reset_generator.get_state(),
             "env_nonfinite_count": int(self.env.nonfinite_count),
             "estimator": est_sd,
             "add": self.add_reward.state_dict() if self.add_reward is not None else None,
@@ -647,7 +647,7 @@ class SHAC:
             fields[f.name] = (None if v is None else physics_from_saved(v, self.env.model, dev) if isinstance(v, list)
                               else v.to(dev).clone())
         self.env.load_state(EnvState(**fields))
-        self.env._gen.set_state(state["env_generator"])
+        self.env.reset_generator.set_state(state["env_generator"])
         self.env.nonfinite_count = int(state["env_nonfinite_count"])
         self.env.load_layers_state_dict(state.get("env_layers", {}))
         if state["estimator"] is not None:

@@ -302,6 +302,12 @@ class G1TrackingVectorEnv(VectorEnv):
                              f"{list(q.shape)} and {list(qd.shape)}")
         self._state = dataclasses.replace(self._state, q=q.to(self.q), qd=qd.to(self.qd))
 
+    @property
+    def reset_generator(self) -> torch.Generator:
+        """The generator of the keys :meth:`reset` draws for the episodes it starts (seeded by ``reset(seed=...)``);
+        a trainer saves its state (``get_state`` / ``set_state``) with a checkpoint for an exact resume."""
+        return self._gen
+
     def layers_state_dict(self) -> dict[str, Any]:
         """The state of the env's layers that lives outside :class:`EnvState` (the adaptive start sampler's failure
         scores); empty when none is on. Agents save it in their checkpoints."""

@@ -1,4 +1,4 @@
-"""Policy-gradient variance of the gradient estimators (docs/method.md §3.10, issue 9).
+"""Policy-gradient variance of the gradient estimators (docs/method.md §3.10).
 
 What is measured, for one clip, contact stiffness kappa, window length T and a list of estimators:
 

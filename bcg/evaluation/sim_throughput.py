@@ -1,4 +1,5 @@
-"""Simulator throughput (``bcg bench``): the ratios of issue 12, each measured in one run on one machine.
+"""Simulator throughput (``bcg bench``): the ratios of docs/performance.md, each measured in one run on one
+machine.
 
 Per N (``--sizes``), a rollout is 32 control steps x 4 substeps from the standing pose with noisy PD targets:
 
@@ -417,8 +418,8 @@ def main(argv: list[str] | None = None) -> dict:
     n = args.ratio_n
     if n and not cuda:
         r = {}
-        print(f"\n# ratios at N = {n} (pairs timed alternately, best of {args.repeats} rounds; goals of issue 12 in "
-              "brackets)", flush=True)
+        print(f"\n# ratios at N = {n} (pairs timed alternately, best of {args.repeats} rounds; the goals in "
+              "brackets, docs/performance.md)", flush=True)
         mj = float("inf")  # the one-core goals: our one thread against MuJoCo, best over every round of both loops
         with _ProcessPair(n, args.steps) as pair:
             for grad in (False, True) if not args.no_backward else (False,):
