@@ -77,6 +77,10 @@ def test_identical_environments_have_zero_variance_and_estimator_noise_shows(jum
     g = plain.grads
     assert summed_variance(g) <= 1e-13 * float((g.mean(0) ** 2).sum())
     torch.testing.assert_close(g, g[:1].expand_as(g), rtol=0, atol=1e-6 * float(g[0].abs().max()))
+    # the contact forces of the alive rows in contact, per step: the four copies touch the ground together
+    f = plain.peak_forces
+    assert f.numel() > 0 and f.numel() % 4 == 0 and bool((f > 0).all())
+    torch.testing.assert_close(f.reshape(-1, 4), f.reshape(-1, 4)[:, :1].expand(-1, 4), rtol=1e-5, atol=1e-3)
     noisy = estimator_gradients(env, make_estimator("grs:branches=2"), policy, theta0, start, 4, seed=0)
     assert summed_variance(noisy.grads) > 0.02 * float((noisy.grads.mean(0) ** 2).sum())
     assert noisy.stats["envs_triggered"] == 16 and noisy.stats["branches_simulated"] == 32
@@ -94,6 +98,11 @@ def test_statistics() -> None:
     assert s["b"]["ratio"] == pytest.approx(0.25) and s["b"]["ratio_ci"] == pytest.approx([0.25, 0.25])
     assert s["b"]["consistency"] == pytest.approx(1.0)  # 2 g and g point the same way
     assert s["a"]["V_ci"][0] < s["a"]["V"] * 1.3 and s["a"]["V_ci"][1] > s["a"]["V"] * 0.5
+    assert s["a"]["peak_force_q50_q90_q99_max"] is None  # no forces recorded
+    forced = EstimatorRun(g, torch.zeros(10), torch.ones(10, dtype=torch.bool), 1.0, 1, run(g).stats,
+                          peak_forces=torch.arange(1.0, 102.0, dtype=torch.float64))
+    q = summarize({"a": {0: forced}}, "a", bootstrap=10)["a"]["peak_force_q50_q90_q99_max"]
+    assert q == pytest.approx([51.0, 91.0, 100.0, 101.0])
     assert parse_spec("bcg:tau=200.0,aggregation=per_foot,antithetic=True") == (
         "bcg", {"tau": 200.0, "aggregation": "per_foot", "antithetic": True})
     with pytest.raises(ValueError, match="motion 'walk' is neither a packaged clip"):

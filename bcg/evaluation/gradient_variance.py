@@ -277,14 +277,21 @@ class EstimatorRun:
     """Peak memory increase during forward + backward (see :class:`PeakMemory`)."""
     stats: dict[str, int]
     """``est.total_stats`` of the window (calls, envs, envs_triggered, branches_simulated, ...)."""
+    peak_forces: torch.Tensor | None = None
+    """[K] the largest foot-sphere contact force [N] of every (environment, step) of the window that was alive and
+    in contact: the quantity a force-triggered bundle compares with its threshold tau."""
 
 
-def _rollout_return(env: Any, policy: TrackingPolicy, theta: torch.Tensor, start: Any, window: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def _rollout_return(env: Any, policy: TrackingPolicy, theta: torch.Tensor, start: Any, window: int,
+                    forces: list[torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    # forces: when given, the step's largest sphere force [N] of the alive rows in contact is appended each step
     s, ret = start, torch.zeros(start.num_envs, device=theta.device)
     alive = torch.ones(start.num_envs, dtype=torch.bool, device=theta.device)
     for _ in range(window):
-        s, r, terminated, truncated, _ = env.transition(s, policy.actions(env, s, theta))
+        s, r, terminated, truncated, contact = env.transition(s, policy.actions(env, s, theta))
+        if forces is not None:
+            f = contact.peak_force.detach().amax(1)
+            forces.append(f[alive & (f > 0)].to(torch.float64).cpu())
         ret = ret + torch.where(alive, r, torch.zeros_like(r))
         alive = alive & ~(terminated | truncated)
     return ret, alive
@@ -304,7 +311,8 @@ def estimator_gradients(env: Any, estimator: Any, policy: TrackingPolicy, theta0
         with PeakMemory(theta.device) as mem:
             sync()
             t0 = time.perf_counter()
-            ret, alive = _rollout_return(env, policy, theta, start, window)
+            forces: list[torch.Tensor] = []
+            ret, alive = _rollout_return(env, policy, theta, start, window, forces)
             ret.sum().backward()
             sync()
             seconds = time.perf_counter() - t0
@@ -312,7 +320,8 @@ def estimator_gradients(env: Any, estimator: Any, policy: TrackingPolicy, theta0
         env.transition_fn = old
     grads = theta.grad.reshape(theta.shape[0], -1).to(torch.float64).cpu()
     return EstimatorRun(grads=grads, returns=ret.detach().cpu(), alive=alive.cpu(), seconds=seconds,
-                        peak_bytes=mem.bytes, stats=estimator.total_stats.as_dict())
+                        peak_bytes=mem.bytes, stats=estimator.total_stats.as_dict(),
+                        peak_forces=torch.cat(forces) if forces else torch.zeros(0, dtype=torch.float64))
 
 
 def zeroth_order_reference(env: Any, policy: TrackingPolicy, theta0: torch.Tensor, start: Any, window: int,
@@ -343,6 +352,15 @@ def zeroth_order_reference(env: Any, policy: TrackingPolicy, theta0: torch.Tenso
 
 
 # -------------------------------------------------------------------------------------------- statistics
+
+
+def _force_quantiles(forces: list[torch.Tensor | None]) -> list[float] | None:
+    """Median, 90 %, 99 % and largest [N] of the recorded contact forces (None when none was recorded)."""
+    got = [f for f in forces if f is not None and f.numel()]
+    if not got:
+        return None
+    f = torch.cat(got).to(torch.float64)
+    return [float(x) for x in torch.quantile(f, torch.tensor([0.5, 0.9, 0.99, 1.0], dtype=f.dtype))]
 
 
 def summed_variance(g: torch.Tensor) -> float:
@@ -434,6 +452,7 @@ def summarize(runs: dict[str, dict[int, EstimatorRun]], reference: str, *, bias_
             "grad_norm_q50_q90_max": [float(x) for x in torch.quantile(norms, torch.tensor([0.5, 0.9, 1.0],
                                                                                           dtype=norms.dtype))],
             "fell": sum(float((~per_seed[s].alive).float().mean()) for s in seeds) / len(seeds),
+            "peak_force_q50_q90_q99_max": _force_quantiles([per_seed[s].peak_forces for s in seeds]),
             "mean_return": sum(float(per_seed[s].returns.mean()) for s in seeds) / len(seeds),
         }
         if zo_mean is not None:

@@ -312,8 +312,8 @@ def variance_markdown(data: dict[str, Any]) -> str:
              f"resamples, {e0['confidence']:.0%} coverage); ratio: V / V_{ref} (paired bootstrap).", "",
              "![variance](study_variance.png)", "",
              "| run | clip | kappa | T | iteration | estimator | V | V interval | ratio | ratio interval "
-             "| trigger rate | per-env gradient norm: median / max | fell | s |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| trigger rate | contact force median / p99 [N] | per-env gradient norm: median / max | fell | s |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     if data.get("x") == "iteration":
         dirs = data.get("run_dirs") or [data.get("run_dir")]
         lines[2:2] = [f"Over training: the policies of {', '.join(map(str, dirs))} at their checkpoints; V over the "
@@ -327,10 +327,12 @@ def variance_markdown(data: dict[str, Any]) -> str:
         for name in data["estimators"]:
             s = e["summary"][name]
             norms = s.get("grad_norm_q50_q90_max") or [None, None, None]
+            force = s.get("peak_force_q50_q90_q99_max") or [None, None, None, None]
             lines.append(f"| {st.get('run', '–')} | {Path(st['clip']).stem} | {st['kappa']:g} | {st['window']} | "
                          f"{st.get('iteration', '–')} | {name} | {g(s['V'])} | "
                          f"[{g(s['V_ci'][0])}, {g(s['V_ci'][1])}] | {g(s['ratio'])} | [{g(s['ratio_ci'][0])}, "
-                         f"{g(s['ratio_ci'][1])}] | {g(s['trigger_rate'])} | {g(norms[0])} / {g(norms[2])} | "
+                         f"{g(s['ratio_ci'][1])}] | {g(s['trigger_rate'])} | {g(force[0])} / {g(force[2])} | "
+                         f"{g(norms[0])} / {g(norms[2])} | "
                          f"{g(s['fell'])} | {g(s['seconds'])} |")
     lines += ["", "The paper (docs/method.md §3.10) plots V in training, SHAC (bptt) and SHAC+BCG, jump clip, "
               "128 environments and a +-1 std band over 4000 bootstrap resamples; "
