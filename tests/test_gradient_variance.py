@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bcg.estimators import parse_spec
 from bcg.evaluation.gradient_variance import (
     EstimatorRun,
     TrackingPolicy,
@@ -16,7 +17,6 @@ from bcg.evaluation.gradient_variance import (
     make_estimator,
     make_study_env,
     observation_normaliser,
-    parse_spec,
     run_study,
     start_states,
     summarize,

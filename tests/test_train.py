@@ -630,3 +630,18 @@ def test_bcg_train_command_trains_with_the_periodic_evaluation(monkeypatch):
     assert Train(cfg).run() == 143
     assert len(calls) == 1 and calls[0][0] is cfg
     assert calls[0][1] == {"evaluator_factory": periodic.policy_evaluator}
+
+
+def test_estimator_spec_syntax_of_bcg_train():
+    """`bcg train --estimator name:key=value,...` takes the spec syntax of `bcg compare` and the studies; a later
+    --estimator.FIELD overrides the spec's value; a wrong name or parameter is one ValueError naming what exists."""
+    from bcg.agents.train import parse_train_args
+
+    cfg = parse_train_args(["--estimator", "bcg:tau=200.0,branches=8", "--estimator.horizon", "3"])
+    assert (cfg.estimator.name, cfg.estimator.tau, cfg.estimator.branches, cfg.estimator.horizon) == ("bcg", 200.0, 8, 3)
+    assert parse_train_args(["--estimator=grs:branches=4"]).estimator.branches == 4
+    assert parse_train_args(["--estimator", "bcg"]).estimator.tau == 400.0
+    with pytest.raises(ValueError, match="estimator 'bcg' has no parameter.*tauu.*its parameters: "):
+        parse_train_args(["--estimator", "bcg:tauu=3"])
+    with pytest.raises(ValueError, match="unknown estimator 'bcgx'; registered: bcg, bptt, grs"):
+        parse_train_args(["--estimator", "bcgx:tau=3"])

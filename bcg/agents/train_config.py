@@ -105,7 +105,8 @@ class TrainConfig:
     """Train an agent on a G1 tracking clip: SHAC through a gradient estimator, or PPO (stable-baselines3).
 
     Choose the estimator with --estimator NAME (bptt, grs, bcg or a plugin's); its parameters follow as
-    --estimator.FIELD. The preset (--preset) sets the agent config first; every --shac.FIELD / --ppo.FIELD overrides
+    --estimator.FIELD, or in the spec syntax of bcg compare and the studies, --estimator bcg:tau=300,branches=8. The
+    preset (--preset) sets the agent config first; every --shac.FIELD / --ppo.FIELD overrides
     one field of it."""
 
     agent: Literal["shac", "ppo"] = "shac"
@@ -373,12 +374,13 @@ def default_config(agent: str = "shac", preset: str = "cpu-small", **overrides: 
     return TrainConfig(agent=agent, preset=preset, shac=shac[preset], ppo=ppo[preset], **overrides)  # type: ignore
 
 
-def _split_estimator(args: list[str]) -> tuple[list[str], str | None]:
-    """Turn ``--estimator NAME`` / ``--estimator=NAME`` into tyro's subcommand token ``estimator:NAME``; checks the
-    name against the registry (the message lists the registered estimators)."""
-    from bcg.estimators import ESTIMATORS
+def _split_estimator(args: list[str]) -> tuple[list[str], str | None, dict[str, Any]]:
+    """Take ``--estimator SPEC`` / ``--estimator=SPEC`` / ``estimator:NAME`` out of ``args``: (the other args, the
+    estimator's name or None, its parameters). SPEC is a name or ``name:key=value,...``
+    (:func:`bcg.estimators.parse_spec`); the name is checked against the registry (the message lists it)."""
+    from bcg.estimators import ESTIMATORS, parse_spec
 
-    out, name = [], None
+    out, spec = [], None
     i = 0
     while i < len(args):
         a = args[i]
@@ -386,18 +388,21 @@ def _split_estimator(args: list[str]) -> tuple[list[str], str | None]:
             if a == "--estimator":
                 if i + 1 >= len(args):
                     raise ValueError(f"--estimator needs a name; registered: {', '.join(ESTIMATORS)}")
-                name, i = args[i + 1], i + 2
+                spec, i = args[i + 1], i + 2
             else:
-                name, i = a.split("=", 1)[1], i + 1
+                spec, i = a.split("=", 1)[1], i + 1
             continue
         if a.startswith("estimator:"):
-            name, i = a.split(":", 1)[1], i + 1
+            spec, i = a.split(":", 1)[1], i + 1
             continue
         out.append(a)
         i += 1
-    if name is not None and name not in ESTIMATORS:
+    if spec is None:
+        return out, None, {}
+    name, params = parse_spec(spec)
+    if name not in ESTIMATORS:
         raise ValueError(f"unknown estimator {name!r}; registered: {', '.join(ESTIMATORS)}")
-    return out, name
+    return out, name, params
 
 
 def parse_train_args(args: Sequence[str], prog: str = "bcg train") -> TrainConfig:
@@ -408,7 +413,7 @@ def parse_train_args(args: Sequence[str], prog: str = "bcg train") -> TrainConfi
     defaults, so ``--shac.FIELD`` overrides one field of the preset. Raises ``ValueError`` (or
     :class:`~bcg.agents.checkpoint.CheckpointError`) with a clear message on bad values."""
     _bind_types()
-    rest, est_name = _split_estimator(list(args))
+    rest, est_name, est_params = _split_estimator(list(args))
     first = argparse.ArgumentParser(add_help=False)
     first.add_argument("--agent", default=None)
     first.add_argument("--preset", default=None)
@@ -420,10 +425,13 @@ def parse_train_args(args: Sequence[str], prog: str = "bcg train") -> TrainConfi
         base = dataclasses.replace(base, resume=Path(known.resume), branch=False)  # a branch's resume is in place
     else:
         base = default_config(known.agent or "shac", known.preset or "cpu-small")
-    if est_name is not None and est_name != base.estimator.name:
+    if est_name is not None and (est_name != base.estimator.name or est_params):
         from bcg.estimators import make
 
-        base = dataclasses.replace(base, estimator=make(est_name))
+        try:
+            base = dataclasses.replace(base, estimator=make(est_name, **est_params))
+        except TypeError as exc:  # a parameter the estimator does not have
+            raise ValueError(f"--estimator: {exc}") from None
     # the subcommand token selects the estimator's fields; a bare --help shows the top level (all subcommands)
     asks_help = any(a in ("-h", "--help") for a in rest)
     token = [] if asks_help and est_name is None else [f"estimator:{est_name or base.estimator.name}"]

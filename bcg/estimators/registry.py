@@ -13,6 +13,7 @@ A third-party package adds an estimator without editing ``bcg``, in either of tw
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.metadata
 import re
@@ -147,6 +148,30 @@ def make(name: str, **params: Any) -> Any:
         raise TypeError(f"estimator {name!r} has no parameter(s) {', '.join(unknown)}; its parameters: "
                         f"{', '.join(sorted(fields)) or '(none)'}")
     return cls(**params)
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"name"`` or ``"name:key=value,key=value"`` -> (name, params), the one estimator syntax of every command
+    (``bcg train --estimator``, ``bcg compare --methods shac:SPEC``, the studies' ``--estimators``); values are Python
+    literals (numbers, strings, booleans) or bare words (taken as strings), e.g.
+    ``"bcg:tau=200.0,aggregation=per_foot"``."""
+    name, _, rest = spec.partition(":")
+    params: dict[str, Any] = {}
+    for item in filter(None, (s.strip() for s in rest.split(","))):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip():
+            raise ValueError(f"estimator spec {spec!r}: expected name:key=value,..., got item {item!r}")
+        try:
+            params[key.strip()] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            params[key.strip()] = value.strip()
+    return name.strip(), params
+
+
+def make_spec(spec: str) -> Any:
+    """The estimator of a spec (:func:`parse_spec`): ``make(name, **params)``."""
+    name, params = parse_spec(spec)
+    return make(name, **params)
 
 
 def describe(name: str) -> list[tuple[str, str, Any, str]]:

@@ -11,7 +11,7 @@ on a cluster (:func:`run_jobs`). The report (learning curves, transfer table, sa
 
 A **method** is ``ppo`` or ``shac:ESTIMATOR`` with any registered estimator (plugins included), optionally with
 parameters: ``shac:bcg:tau=200,branches=8`` (the spec syntax of
-:func:`bcg.evaluation.gradient_variance.parse_spec`); ``shac`` alone is ``shac:bptt``.
+:func:`bcg.estimators.parse_spec`); ``shac`` alone is ``shac:bptt``.
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ def parse_method(method: str) -> tuple[str, str | None, dict[str, Any]]:
     """``"ppo"`` -> ``("ppo", None, {})``; ``"shac:bcg:tau=200"`` -> ``("shac", "bcg", {"tau": 200})``;
     ``"shac"`` -> ``("shac", "bptt", {})``. Checks the agent and the estimator's name against the registry (the
     message lists the registered estimators); raises ``ValueError``."""
-    from bcg.estimators import ESTIMATORS
-    from bcg.evaluation.gradient_variance import parse_spec
+    from bcg.estimators import ESTIMATORS, parse_spec
 
     agent, _, spec = method.strip().partition(":")
     agent = agent.lower()

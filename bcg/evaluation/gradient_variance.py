@@ -28,7 +28,6 @@ Used by ``benchmarks/estimators.py`` and ``tests/test_gradient_variance.py``.
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import itertools
 import time
@@ -40,7 +39,7 @@ import torch
 
 __all__ = ["EstimatorRun", "PeakMemory", "TrackingPolicy", "VarianceStudy", "WindowSet", "bootstrap_summed_variance",
            "estimator_gradients", "jittered_copies", "make_estimator", "make_study_env", "observation_normaliser",
-           "parse_spec", "run_study", "start_states", "study_dict", "summarize", "summed_variance",
+           "run_study", "start_states", "study_dict", "summarize", "summed_variance",
            "zeroth_order_reference"]
 
 
@@ -186,28 +185,12 @@ class TrackingPolicy:
 # -------------------------------------------------------------------------------------------- estimators
 
 
-def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"name"`` or ``"name:key=value,key=value"`` -> (name, params); values are Python literals (numbers, strings,
-    booleans) or bare words (taken as strings), e.g. ``"bcg:tau=200.0,aggregation=per_foot"``."""
-    name, _, rest = spec.partition(":")
-    params: dict[str, Any] = {}
-    for item in filter(None, (s.strip() for s in rest.split(","))):
-        key, eq, value = item.partition("=")
-        if not eq or not key.strip():
-            raise ValueError(f"estimator spec {spec!r}: expected name:key=value,..., got item {item!r}")
-        try:
-            params[key.strip()] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            params[key.strip()] = value.strip()
-    return name.strip(), params
-
-
 def make_estimator(spec: str) -> Any:
-    """The estimator of a spec (:func:`parse_spec`) from the registry, plugins included (``bcg.estimators.make``)."""
-    from bcg.estimators import make
+    """The estimator of a spec (``name[:key=value,...]``, :func:`bcg.estimators.parse_spec`) from the registry,
+    plugins included."""
+    from bcg.estimators import make_spec
 
-    name, params = parse_spec(spec)
-    return make(name, **params)
+    return make_spec(spec)
 
 
 class PeakMemory:

@@ -43,8 +43,8 @@ PAPER_STIFFNESS: dict[float, dict[str, tuple[str, float]]] = {
 def check_estimator_specs(specs: tuple[str, ...]) -> None:
     """Raise ``ValueError`` unless every spec (``name[:key=value,...]``) names a registered estimator (the message
     lists them) that accepts its parameters."""
-    from bcg.estimators import ESTIMATORS
-    from bcg.evaluation.gradient_variance import make_estimator, parse_spec
+    from bcg.estimators import ESTIMATORS, parse_spec
+    from bcg.evaluation.gradient_variance import make_estimator
 
     if not specs:
         raise ValueError(f"estimators: at least one is needed; registered: {', '.join(ESTIMATORS)}")
