@@ -13,13 +13,35 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["ActionMap", "DEFAULT_REACH", "MAX_INVERSE_ACTION", "default_action_scale", "torque_action_scale"]
+__all__ = ["ActionMap", "DEFAULT_REACH", "MAX_INVERSE_ACTION", "check_actions", "default_action_scale",
+           "torque_action_scale"]
 
 DEFAULT_REACH: float = 0.9
 """|a| that reaches the farther joint limit with the default action scale."""
 
 MAX_INVERSE_ACTION: float = 4.0
 """Largest |a| :meth:`ActionMap.to_action` returns (targets beyond s_a tanh(4) from the default are clamped)."""
+
+
+def check_actions(actions: object, num_envs: int, nu: int, device: torch.device) -> torch.Tensor:
+    """``actions`` as a float32 tensor [num_envs, nu] on ``device`` (numpy and array-likes converted); raises
+    ``ValueError`` / ``TypeError`` naming what is wrong: the shape, a non-float dtype, another device, NaN or inf (with
+    the first affected environments)."""
+    if isinstance(actions, np.ndarray) or not isinstance(actions, torch.Tensor):
+        actions = torch.as_tensor(np.asarray(actions, dtype=np.float32), device=device)
+    want = (num_envs, nu)
+    if tuple(actions.shape) != want:
+        raise ValueError(f"actions must have shape {list(want)}, got {list(actions.shape)}")
+    if not actions.is_floating_point():
+        raise TypeError(f"actions must be floating point, got {actions.dtype}")
+    if actions.device != device:
+        raise ValueError(f"actions are on {actions.device}, the environment on {device}")
+    # one reduction: a float64 sum of float32 values cannot overflow, so it is finite exactly when every entry is
+    # (the rows are found only for the message)
+    if not math.isfinite(float(actions.detach().sum(dtype=torch.float64))):
+        bad = ~torch.isfinite(actions.detach()).all(1)
+        raise ValueError(f"actions contain NaN or inf (environments {bad.nonzero().flatten()[:8].tolist()})")
+    return actions.to(torch.float32)
 
 
 def default_action_scale(default_pos: np.ndarray, ranges: np.ndarray, reach: float = DEFAULT_REACH) -> np.ndarray:

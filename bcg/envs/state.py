@@ -106,6 +106,19 @@ class EnvState:
         """A deep copy of every tensor (detached)."""
         return self.map(lambda t: t.detach().clone())
 
+    def check_like(self, other: EnvState) -> None:
+        """Raise ``ValueError`` unless every field of this state is set where ``other``'s is and has its shape, dtype
+        and device (the message names the first field that differs)."""
+        for f in dataclasses.fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if (a is None) != (b is None):
+                raise ValueError(f"load_state: field {f.name!r} is {'None' if a is None else 'set'}, this "
+                                 f"environment's is {'None' if b is None else 'set'}")
+            for x, y in (zip(a, b, strict=True) if isinstance(a, Physics) else [(a, b)] if a is not None else []):
+                if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
+                    raise ValueError(f"load_state: field {f.name!r} has shape {list(x.shape)} {x.dtype} on "
+                                     f"{x.device}, expected {list(y.shape)} {y.dtype} on {y.device}")
+
     def equal(self, other: EnvState) -> bool:
         """Bit-for-bit equality of every field."""
         for f in dataclasses.fields(self):

@@ -45,7 +45,7 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from bcg.envs.actions import ActionMap, default_action_scale
+from bcg.envs.actions import ActionMap, check_actions, default_action_scale
 from bcg.envs.config import EnvConfig, check_count
 from bcg.envs.demo_replay import DemonstrationReplay
 from bcg.envs.draws import CounterDraws
@@ -64,7 +64,7 @@ from bcg.envs.warp_observation import WarpObservation
 from bcg.envs.warp_reward import WarpTrackingReward
 from bcg.envs.warp_step import WarpStepOutputs
 from bcg.motion.features import FeatureFn, Features
-from bcg.sim import ContactReport, Physics, default_physics
+from bcg.sim import ContactReport, default_physics
 
 __all__ = ["G1TrackingVectorEnv", "MAX_SEED"]
 
@@ -268,15 +268,7 @@ class G1TrackingVectorEnv(VectorEnv):
         if state.num_envs != self.num_envs:
             raise ValueError(f"load_state expects a state of {self.num_envs} rows (num_envs), got {state.num_envs}; "
                              "a branched state is stepped with env.transition(state, actions)")
-        for f in dataclasses.fields(EnvState):
-            a, b = getattr(state, f.name), getattr(self._state, f.name)
-            if (a is None) != (b is None):
-                raise ValueError(f"load_state: field {f.name!r} is {'None' if a is None else 'set'}, this "
-                                 f"environment's is {'None' if b is None else 'set'}")
-            for x, y in (zip(a, b, strict=True) if isinstance(a, Physics) else [(a, b)] if a is not None else []):
-                if x.shape != y.shape or x.dtype != y.dtype or x.device != y.device:
-                    raise ValueError(f"load_state: field {f.name!r} has shape {list(x.shape)} {x.dtype} on "
-                                     f"{x.device}, expected {list(y.shape)} {y.dtype} on {y.device}")
+        state.check_like(self._state)
         self._state = state
         self._needs_reset = False
 
@@ -559,23 +551,6 @@ class G1TrackingVectorEnv(VectorEnv):
             obs = obs + self.obs_noise(self._state)
         return obs, info
 
-    def _check_actions(self, actions: Any) -> torch.Tensor:
-        if isinstance(actions, np.ndarray) or not isinstance(actions, torch.Tensor):
-            actions = torch.as_tensor(np.asarray(actions, dtype=np.float32), device=self.device)
-        want = (self.num_envs, self.model.nu)
-        if tuple(actions.shape) != want:
-            raise ValueError(f"actions must have shape {list(want)}, got {list(actions.shape)}")
-        if not actions.is_floating_point():
-            raise TypeError(f"actions must be floating point, got {actions.dtype}")
-        if actions.device != self.device:
-            raise ValueError(f"actions are on {actions.device}, the environment on {self.device}")
-        # one reduction: a float64 sum of float32 values cannot overflow, so it is finite exactly when every entry is
-        # (the rows are found only for the message)
-        if not math.isfinite(float(actions.detach().sum(dtype=torch.float64))):
-            bad = ~torch.isfinite(actions.detach()).all(1)
-            raise ValueError(f"actions contain NaN or inf (environments {bad.nonzero().flatten()[:8].tolist()})")
-        return actions.to(torch.float32)
-
     def step(self, actions: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, dict]:
         """Advance all environments by one control step.
 
@@ -595,7 +570,7 @@ class G1TrackingVectorEnv(VectorEnv):
         """
         if self._needs_reset:
             raise RuntimeError("call reset() before step()")
-        actions = self._check_actions(actions)
+        actions = check_actions(actions, self.num_envs, self.model.nu, self.device)
         if self.differentiable:
             return self._step(actions)
         with torch.no_grad():
