@@ -99,6 +99,13 @@ METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 """The three methods on the run clip at the same settings and budget (1200 s)."""
 
+METHODS_JUMP: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("SHAC+BCG", ("def60-bcg-jump-s0", "def60-bcg-jump-s1")),
+    ("SHAC (bptt)", ("def60-bptt-jump-s0", "def60-bptt-jump-s1")),
+    ("PPO", ("def60-ppo-jump-s0", "def60-ppo-jump-s1")),
+)
+"""The three methods on the jump clip with `bcg train`'s default settings and 3600 s each."""
+
 
 DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (1200 s)", ("ts-bcg-run-s0", "ts-bcg-run-s1")),
@@ -153,6 +160,7 @@ def tables(root: Path) -> dict[str, tuple[str, str]]:
         "runs": ("Every kept run", table(root)),
         "ablation": ("Ablation, run clip", grouped(root, ABLATION, "levers")),
         "methods": ("Methods, run clip", grouped(root, METHODS, "method")),
+        "methods_jump": ("Methods, jump clip, 3600 s", grouped(root, METHODS_JUMP, "method")),
         "defaults": ("`bcg train` default, per clip", grouped(root, DEFAULTS, "clip")),
         "jump": ("The jump's landings", grouped(root, JUMP_LEVERS, "jump, SHAC+BCG")),
     }
