@@ -7,6 +7,7 @@ also with the real SHAC agent on a tiny config (2 environments, windows of 4 ste
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import signal
@@ -638,10 +639,35 @@ def test_estimator_spec_syntax_of_bcg_train():
     from bcg.agents.train import parse_train_args
 
     cfg = parse_train_args(["--estimator", "bcg:tau=200.0,branches=8", "--estimator.horizon", "3"])
-    assert (cfg.estimator.name, cfg.estimator.tau, cfg.estimator.branches, cfg.estimator.horizon) == ("bcg", 200.0, 8, 3)
+    est = cfg.estimator
+    assert (est.name, est.tau, est.branches, est.horizon) == ("bcg", 200.0, 8, 3)
     assert parse_train_args(["--estimator=grs:branches=4"]).estimator.branches == 4
     assert parse_train_args(["--estimator", "bcg"]).estimator.tau == 400.0
     with pytest.raises(ValueError, match="estimator 'bcg' has no parameter.*tauu.*its parameters: "):
         parse_train_args(["--estimator", "bcg:tauu=3"])
     with pytest.raises(ValueError, match="unknown estimator 'bcgx'; registered: .*bcg, bptt, grs"):
         parse_train_args(["--estimator", "bcgx:tau=3"])
+
+
+def test_agents_are_handed_their_env():
+    """SHAC and PPO train on the env they are handed (bcg train builds it: build_agent); an env of the wrong size or
+    kind, or both an env and an env_config, is refused with a message that says what is needed."""
+    from bcg.agents.ppo import PRESETS as PPO_PRESETS
+    from bcg.agents.ppo import PPOAgent
+    from bcg.agents.ppo import make_env as make_ppo_env
+    from bcg.agents.shac import PRESETS, SHAC, make_env
+    from bcg.envs import EnvConfig
+
+    shac_cfg = dataclasses.replace(PRESETS["cpu-small"], num_envs=2, horizon=2)
+    env = make_env(shac_cfg, EnvConfig(motion_file="jump"))
+    agent = SHAC(shac_cfg, env=env)
+    assert agent.env is env and env.transition_fn is agent.estimator
+    with pytest.raises(ValueError, match="differentiable, autoresetting env of 3 environments"):
+        SHAC(dataclasses.replace(shac_cfg, num_envs=3), env=env)
+    with pytest.raises(ValueError, match="an env_config or an env"):
+        SHAC(shac_cfg, EnvConfig(), env=env)
+    ppo_cfg = dataclasses.replace(PPO_PRESETS["cpu-small"], num_envs=2)
+    penv = make_ppo_env(ppo_cfg, EnvConfig(motion_file="jump"))
+    assert PPOAgent(ppo_cfg, env=penv).env is penv
+    with pytest.raises(ValueError, match="without gradients"):
+        PPOAgent(ppo_cfg, env=env)

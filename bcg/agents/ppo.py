@@ -51,7 +51,7 @@ from bcg.envs.state import EnvState
 from bcg.envs.vector_env import G1TrackingVectorEnv
 from bcg.sim import Physics, SimModel, physics_from_saved
 
-__all__ = ["PRESETS", "AdaptiveKLPPO", "KLPolicy", "PPOAgent", "PPOConfig", "adaptive_kl_lr", "gaussian_kl"]
+__all__ = ["PRESETS", "AdaptiveKLPPO", "KLPolicy", "PPOAgent", "PPOConfig", "adaptive_kl_lr", "gaussian_kl", "make_env"]
 
 _ACTIVATIONS: dict[str, type[nn.Module]] = {"elu": nn.ELU, "relu": nn.ReLU, "tanh": nn.Tanh, "silu": nn.SiLU}
 
@@ -352,6 +352,13 @@ def _env_state_from_dict(d: Mapping[str, Any], model: SimModel, device: torch.de
     return EnvState(**kw)
 
 
+def make_env(config: PPOConfig, env_config: EnvConfig) -> G1TrackingVectorEnv:
+    """The batched environment PPO is handed: ``config.num_envs`` rows of ``env_config`` without gradients and
+    with autoreset (whatever ``differentiable`` / ``autoreset`` say)."""
+    return G1TrackingVectorEnv(config.num_envs,
+                               config=dataclasses.replace(env_config, differentiable=False, autoreset=True))
+
+
 class PPOAgent:
     """PPO (stable-baselines3) on the batched G1 environment; implements :class:`bcg.agents.base.Agent`.
 
@@ -364,20 +371,33 @@ class PPOAgent:
             generators, as SB3 does), the environment's resets and the ADD discriminator.
         update_threads: torch threads of SB3's ``train()`` (None: :func:`bcg.agents.threads.dense_update_threads`
             of the minibatch size and the two networks' first layers).
+        env: the environment to train on, built by the caller (a :class:`G1TrackingVectorEnv` of
+            ``config.num_envs`` rows, without gradients, with autoreset; :func:`make_env`), instead of
+            ``env_config``.
     """
 
     def __init__(self, config: PPOConfig, env_config: EnvConfig | None = None, add: ADDConfig | None = None,
-                 seed: int = 0, update_threads: int | None = None):
+                 seed: int = 0, update_threads: int | None = None, *, env: G1TrackingVectorEnv | None = None):
         if not isinstance(config, PPOConfig):
             raise TypeError(f"config must be a PPOConfig, got {type(config).__name__}")
         first = sum(h[0] if h else 1 for h in (config.actor_hidden, config.critic_hidden))
         self.update_threads = resolve_update_threads(update_threads, config.batch_size, first)
         """Torch intra-op threads of SB3's update (the rollout keeps the caller's setting)."""
-        env_config = env_config if env_config is not None else EnvConfig()
+        if env is not None and env_config is not None:
+            raise ValueError("PPOAgent takes an env_config or an env, not both")
         self.config = config
-        self.env_config = dataclasses.replace(env_config, differentiable=False, autoreset=True)
         self.seed = int(seed)
-        self.env = G1TrackingVectorEnv(config.num_envs, config=self.env_config)
+        if env is None:
+            env = make_env(config, env_config if env_config is not None else EnvConfig())
+        elif not isinstance(env, G1TrackingVectorEnv):
+            raise TypeError(f"env must be a bcg.envs.G1TrackingVectorEnv, got {type(env).__name__}")
+        elif env.num_envs != config.num_envs or env.differentiable or not env.autoreset:
+            raise ValueError(f"PPO needs an autoresetting env of {config.num_envs} environments (the config's "
+                             f"num_envs) without gradients, got num_envs={env.num_envs}, "
+                             f"differentiable={env.differentiable}, autoreset={env.autoreset} "
+                             "(bcg.agents.ppo.make_env builds one)")
+        self.env_config = env.config
+        self.env = env
         """The batched environment."""
         self.add: ADDReward | None = None
         if add is not None:
@@ -481,8 +501,8 @@ class PPOAgent:
                 "nonfinite_count": int(self.env.nonfinite_count),
                 "reset_generator": self.env.reset_generator.get_state(),
                 "layers": self.env.layers_state_dict(),
-                "episode_returns": torch.as_tensor(self.sb3_env._episode_returns.copy()),
-                "episode_lengths": torch.as_tensor(self.sb3_env._episode_lengths.copy()),
+                "episode_returns": torch.as_tensor(self.sb3_env.episode_state()[0]),
+                "episode_lengths": torch.as_tensor(self.sb3_env.episode_state()[1]),
             },
             "rng": {"torch": torch.get_rng_state(), "numpy": _np_rng_state()},
             "add": None if self.add is None else self.add.state_dict(),
@@ -525,8 +545,7 @@ class PPOAgent:
         self.env.nonfinite_count = int(e["nonfinite_count"])
         self.env.reset_generator.set_state(e["reset_generator"])
         self.env.load_layers_state_dict(e.get("layers", {}))  # states saved before the layers existed have none
-        self.sb3_env._episode_returns = e["episode_returns"].numpy().copy()
-        self.sb3_env._episode_lengths = e["episode_lengths"].numpy().copy()
+        self.sb3_env.load_episode_state(e["episode_returns"].numpy(), e["episode_lengths"].numpy())
         if self.add is not None:
             self.add.load_state_dict(state["add"])
         torch.set_rng_state(state["rng"]["torch"])

@@ -39,7 +39,7 @@ from bcg.agents.threads import torch_threads
 from bcg.agents.threads import update_threads as resolve_update_threads
 from bcg.envs.config import EnvConfig
 
-__all__ = ["PRESETS", "SHAC", "SHACConfig", "STATE_FORMAT", "td_lambda_targets"]
+__all__ = ["PRESETS", "SHAC", "SHACConfig", "STATE_FORMAT", "check_env", "make_env", "td_lambda_targets"]
 
 STATE_FORMAT = "bcg.shac/2"
 """Format of :meth:`SHAC.state_dict` (2: the critics stacked per layer; states of format 1, with K separate critic
@@ -192,7 +192,7 @@ residual action map, ``bcg train``'s cpu-small default: the deterministic policy
 
 def make_env(config: SHACConfig, env_config: EnvConfig) -> Any:
     """The differentiable batched environment of ``config.num_envs`` environments (``env_config`` with
-    ``differentiable=True``; the clip is ``env_config.motion_file``, default ``run``)."""
+    ``differentiable=True``; the clip is ``env_config.motion_file``, default ``run``): what SHAC is handed."""
     from bcg.envs.vector_env import G1TrackingVectorEnv
 
     if not isinstance(env_config, EnvConfig):
@@ -201,6 +201,19 @@ def make_env(config: SHACConfig, env_config: EnvConfig) -> Any:
         raise ValueError("SHAC needs EnvConfig.autoreset=True (finished environments reset inside step)")
     cfg = dataclasses.replace(env_config, differentiable=True)
     return G1TrackingVectorEnv(config.num_envs, config=cfg, default_motion="run")
+
+
+def check_env(env: Any, num_envs: int) -> None:
+    """Raise ``ValueError`` unless ``env`` is a differentiable, autoresetting batched env of ``num_envs`` rows
+    (what :func:`make_env` builds)."""
+    from bcg.envs.vector_env import G1TrackingVectorEnv
+
+    if not isinstance(env, G1TrackingVectorEnv):
+        raise TypeError(f"env must be a bcg.envs.G1TrackingVectorEnv, got {type(env).__name__}")
+    if env.num_envs != num_envs or not env.differentiable or not env.autoreset:
+        raise ValueError(f"SHAC needs a differentiable, autoresetting env of {num_envs} environments (the config's "
+                         f"num_envs), got num_envs={env.num_envs}, differentiable={env.differentiable}, "
+                         f"autoreset={env.autoreset} (bcg.agents.shac.make_env builds one)")
 
 
 def _derived_seed(seed: int, stream: int) -> int:
@@ -239,7 +252,8 @@ class SHAC:
 
     Args:
         config: a :class:`SHACConfig` (e.g. ``PRESETS["cpu-small"]``).
-        env_config: the environment's :class:`~bcg.envs.EnvConfig` (``differentiable`` is forced on).
+        env_config: the environment's :class:`~bcg.envs.EnvConfig` (``differentiable`` is forced on); or None with
+            ``env``.
         estimator: the gradient estimator (a :class:`bcg.estimators.Estimator`); None means ``bptt``. Its random
             draws are reseeded from its own ``seed`` field and ``seed`` (seed 0 keeps the field's draws).
         add: an ``bcg.agents.add.ADDConfig`` to train with the ADD imitation reward (installed as the env's
@@ -248,10 +262,12 @@ class SHAC:
         update_threads: torch threads of the critic fit (None: :func:`bcg.agents.threads.dense_update_threads` of
             the minibatch size and OpenMP's wait policy: every core for the paper's sizes where OpenMP spins, else
             one).
+        env: the environment to train on, built by the caller (:func:`make_env`; differentiable, autoresetting,
+            ``config.num_envs`` rows), instead of ``env_config``. SHAC attaches the estimator to it and resets it.
     """
 
-    def __init__(self, config: SHACConfig, env_config: EnvConfig, estimator: Any = None, add: Any = None,
-                 seed: int = 0, update_threads: int | None = None):
+    def __init__(self, config: SHACConfig, env_config: EnvConfig | None = None, estimator: Any = None,
+                 add: Any = None, seed: int = 0, update_threads: int | None = None, *, env: Any = None):
         from bcg.estimators import Estimator, make
 
         if not isinstance(config, SHACConfig):
@@ -268,7 +284,11 @@ class SHAC:
         width = config.num_critics * (config.critic_hidden[0] if config.critic_hidden else 1)
         self.update_threads = resolve_update_threads(update_threads, rows, width)
         """Torch intra-op threads of the critic fit (the rollout keeps the caller's setting)."""
-        self.env = make_env(config, env_config)
+        if (env is None) == (env_config is None):
+            raise ValueError("SHAC takes an env_config or an env (one of them)")
+        if env is not None:
+            check_env(env, config.num_envs)
+        self.env = env if env is not None else make_env(config, env_config)
         self.device = self.env.device
         self.estimator = estimator
         estimator.attach(self.env)

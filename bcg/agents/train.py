@@ -62,17 +62,19 @@ __all__ = [
 
 
 def build_agent(cfg: TrainConfig) -> Any:
-    """The agent a TrainConfig describes (a fresh one, seeded with ``cfg.seed``)."""
+    """The agent a TrainConfig describes (a fresh one, seeded with ``cfg.seed``), handed the env it trains on."""
     add = cfg.add if cfg.reward == "add" else None
     env_cfg = cfg.env_config()
     if cfg.agent == "shac":
-        from bcg.agents.shac import SHAC
+        from bcg.agents.shac import SHAC, make_env
 
-        return SHAC(cfg.shac, env_cfg, estimator=dataclasses.replace(cfg.estimator), add=add, seed=cfg.seed,
-                    update_threads=cfg.update_threads)
+        return SHAC(cfg.shac, env=make_env(cfg.shac, env_cfg), estimator=dataclasses.replace(cfg.estimator), add=add,
+                    seed=cfg.seed, update_threads=cfg.update_threads)
     from bcg.agents.ppo import PPOAgent
+    from bcg.agents.ppo import make_env as make_ppo_env
 
-    return PPOAgent(cfg.ppo, env_cfg, add=add, seed=cfg.seed, update_threads=cfg.update_threads)
+    return PPOAgent(cfg.ppo, env=make_ppo_env(cfg.ppo, env_cfg), add=add, seed=cfg.seed,
+                    update_threads=cfg.update_threads)
 
 
 EvaluatorFactory = Callable[[TrainConfig], Callable[[Any], dict[str, float]]]

@@ -38,6 +38,15 @@ class SB3VecEnv(VecEnv):
         self._episode_returns = np.zeros(env.num_envs)
         self._episode_lengths = np.zeros(env.num_envs, dtype=np.int64)
 
+    def episode_state(self) -> tuple[np.ndarray, np.ndarray]:
+        """Copies of the running episode returns [N] and lengths [N] (what a checkpoint saves for an exact resume)."""
+        return self._episode_returns.copy(), self._episode_lengths.copy()
+
+    def load_episode_state(self, returns: np.ndarray, lengths: np.ndarray) -> None:
+        """Restore :meth:`episode_state`'s output."""
+        self._episode_returns = np.array(returns, dtype=np.float64).reshape(self.num_envs)
+        self._episode_lengths = np.array(lengths, dtype=np.int64).reshape(self.num_envs)
+
     def reset(self) -> VecEnvObs:
         seed = self._seed
         self._seed = None
