@@ -478,6 +478,7 @@ class PPOAgent:
     def state_dict(self) -> dict[str, Any]:
         """Everything to continue exactly; tensors and plain values only (``torch.load(weights_only=True)``)."""
         m, vn = self.model, self.vec_normalize
+        ep_returns, ep_lengths = self.sb3_env.episode_state()
         return {
             "agent": "ppo",
             "config": asdict(self.config),
@@ -501,8 +502,8 @@ class PPOAgent:
                 "nonfinite_count": int(self.env.nonfinite_count),
                 "reset_generator": self.env.reset_generator.get_state(),
                 "layers": self.env.layers_state_dict(),
-                "episode_returns": torch.as_tensor(self.sb3_env.episode_state()[0]),
-                "episode_lengths": torch.as_tensor(self.sb3_env.episode_state()[1]),
+                "episode_returns": torch.as_tensor(ep_returns),
+                "episode_lengths": torch.as_tensor(ep_lengths),
             },
             "rng": {"torch": torch.get_rng_state(), "numpy": _np_rng_state()},
             "add": None if self.add is None else self.add.state_dict(),

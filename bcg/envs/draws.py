@@ -31,7 +31,7 @@ class CounterDraws:
 
     def __init__(self, use_warp: bool) -> None:
         self.use_warp = bool(use_warp)
-        self._warp = WarpHash() if use_warp else None
+        self._warp: WarpHash | None = None  # made on first use
 
     def _warp_for(self, *xs: torch.Tensor) -> WarpHash | None:
         if not (self.use_warp and WarpHash.accepts(*xs)):

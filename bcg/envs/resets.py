@@ -31,9 +31,6 @@ from bcg.sim import Physics, SimModel
 
 __all__ = ["EpisodeStarts"]
 
-_MAX_SEED = 2**63 - 1
-
-
 class EpisodeStarts:
     """The start states of new episodes (see the module docstring).
 
@@ -157,7 +154,8 @@ class EpisodeStarts:
         their keys and indices, so the draws are a function of the state."""
         mix = self.draws.hash32(keys ^ (idx * 0x9E3779B1))
         g = torch.Generator(device=self.device)
-        g.manual_seed(int((mix * (torch.arange(len(idx), device=self.device) + 1)).sum().item()) & _MAX_SEED)
+        seed = int((mix * (torch.arange(len(idx), device=self.device) + 1)).sum().item())
+        g.manual_seed(seed & (2**63 - 1))  # a valid torch seed
         return g
 
     # ------------------------------------------------------------------------------------------------ resets
