@@ -9,8 +9,7 @@ import torch
 
 from bcg.robots import g1
 from bcg.sim import step
-from bcg.sim.bridge import kept_bytes
-from bcg.sim.execution import execution_options_set
+from bcg.sim.runtime import execution_options_set, kept_bytes
 
 
 def _run(model, n: int, steps: int, **options):

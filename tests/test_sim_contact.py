@@ -23,12 +23,11 @@ def test_same_seed_rollouts_are_bitwise_identical(g1_model):
         (q.sum() + qd.square().sum()).backward()
         return q.detach(), qd.detach(), torch.stack(imps).detach(), tg.grad
 
-    from bcg.sim.engine import clear_pool, model_arrays
+    from bcg.sim.runtime import clear_pool, default_runtime
 
-    model_arrays(g1_model)
     clear_pool(g1_model)
     a = rollout(3)  # fresh arrays
-    assert g1_model.warp.grad_pool.get((3, False)), "backward should hand the step arrays back to the pool"
+    assert default_runtime().workspace(g1_model).grad_pool.get((3, False)), "backward should hand the step arrays back to the pool"
     b = rollout(3)  # arrays reused from the pool: stale values or gradients would show here
     for x, y in zip(a, b):
         assert torch.equal(x, y)

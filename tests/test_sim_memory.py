@@ -16,8 +16,8 @@ import warp as wp
 import bcg.sim.bridge as bridge
 from bcg.robots import g1
 from bcg.sim import step
-from bcg.sim.engine import GradArrays, StepArrays, clear_pool, model_arrays, step_layout
-from bcg.sim.execution import execution_options_set
+from bcg.sim.engine import GradArrays, StepArrays, model_arrays, step_layout
+from bcg.sim.runtime import clear_pool, default_runtime, execution_options_set
 from bcg.sim.replay import Relocatable, pack
 
 MIB = 2**20
@@ -118,7 +118,7 @@ def test_step_keeps_its_values_only(g1_model) -> None:
         assert bridge.kept_bytes()[0] == steps * 2 * layout.nbytes
         x[:, 2].sum().backward()
     assert bridge.kept_bytes()[0] == 0
-    cache = g1_model.warp
+    cache = default_runtime().workspace(g1_model)
     assert len(cache.grad_pool[(n // 2, False)]) == 2 * steps  # the value sets, back in the pool
     assert sum(len(v) for v in cache.grad_sets.values()) == 2  # one gradient set per block, not per step
 
@@ -151,7 +151,7 @@ def _packed_adjoint(model, arrs, grads) -> list:
     """The packed adjoint launches of ``arrs`` recorded with ``grads`` as the arrays' ``.grad``."""
     arrs.attach_grads(grads)
     try:
-        return [pack(c) for c in bridge._recorded(model, arrs, adjoint=True)]
+        return [pack(c) for c in bridge._recorded(model, default_runtime().workspace(model), arrs, adjoint=True)]
     finally:
         arrs.attach_grads(None)
 
@@ -163,8 +163,8 @@ def test_relocated_launches_equal_warp_packing(g1_model) -> None:
     n = 3
     a, b = (StepArrays(g1_model, n, requires_grad=True, grads="pooled") for _ in range(2))
     ga, gb = (GradArrays(a.layout, g1_model.device) for _ in range(2))
-    fwd_a = [pack(c) for c in bridge._recorded(g1_model, a, adjoint=False)]
-    fwd_b = [pack(c) for c in bridge._recorded(g1_model, b, adjoint=False)]
+    fwd_a = [pack(c) for c in bridge._recorded(g1_model, default_runtime().workspace(g1_model), a, adjoint=False)]
+    fwd_b = [pack(c) for c in bridge._recorded(g1_model, default_runtime().workspace(g1_model), b, adjoint=False)]
     assert len(fwd_a) == 8 * g1_model.params.substeps
     moved = Relocatable(fwd_a, [(a.ptr, a.layout.nbytes)]).at([b.ptr - a.ptr])
     for pa, pb, pm in zip(fwd_a, fwd_b, moved, strict=True):
@@ -194,9 +194,9 @@ def test_relocated_calls_compute_what_the_sets_own_launches_compute(g1_model) ->
         for launch in launches:
             launch()
 
-    moved = Relocatable([pack(c) for c in bridge._recorded(g1_model, a, adjoint=False)],
+    moved = Relocatable([pack(c) for c in bridge._recorded(g1_model, default_runtime().workspace(g1_model), a, adjoint=False)],
                         [(a.ptr, a.layout.nbytes)]).calls([b.ptr - a.ptr])
-    own = [p.call for p in (pack(c) for c in bridge._recorded(g1_model, b, adjoint=False))]
+    own = [p.call for p in (pack(c) for c in bridge._recorded(g1_model, default_runtime().workspace(g1_model), b, adjoint=False))]
     results, outputs = [], []
     for launches in (moved, own):
         run(launches)

@@ -13,15 +13,8 @@ import torch
 
 from bcg.robots import g1
 from bcg.sim import default_physics, step
-from bcg.sim.execution import (
-    ExecutionOptions,
-    execution_options,
-    execution_options_set,
-    parallel,
-    set_execution_options,
-    split_rows,
-    thread_count,
-)
+from bcg.sim.execution import ExecutionOptions, split_rows, thread_count
+from bcg.sim.runtime import execution_options, execution_options_set, parallel, set_execution_options
 
 
 def _start(model, n: int, seed: int = 0):
@@ -113,7 +106,7 @@ _FRESH = """
 import torch
 from bcg.robots import g1
 from bcg.sim import load_model, step
-from bcg.sim.execution import execution_options_set
+from bcg.sim.runtime import execution_options_set
 model = load_model()
 q = torch.tensor(g1.default_qpos(), dtype=torch.float32)[None].repeat(32, 1)
 t = torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32)[None].repeat(32, 1).requires_grad_(True)

@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> dict:
                       f"processes of N/2 each: {r[key.replace('threads', 'processes')]:.2f}); 1 thread / MuJoCo "
                       f"{t['1'][1] / mj:.2f}   [{'<= 2.5' if grad else '<= 0.7'}]", flush=True)
         if not args.no_backward:
-            from bcg.sim import clear_pool
+            from bcg.sim import clear_pool, default_runtime
 
             clear_pool(model)  # a fresh pool: the first checkpointed rollout allocates its one array set per block
             first_ckpt = rollout_time(model, n, args.steps, True, checkpoint=True)[0]
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> dict:
             t = _alternate({"s": lambda: rollout_time(model, n, args.steps, True, checkpoint=False)[0],
                             "c": lambda: rollout_time(model, n, args.steps, True, checkpoint=True)[0]}, args.repeats)
             # the scratch every backward runs on, the same for any horizon (not part of kept_bytes)
-            pooled = sum(g.nbytes for sets in model.warp.grad_sets.values() for g in sets)
+            pooled = sum(g.nbytes for sets in default_runtime().workspace(model).grad_sets.values() for g in sets)
             r.update(kept_stored_mib=stored[1] / 2**20, kept_checkpoint_mib=ckpt[1] / 2**20,
                      pooled_gradients_mib=pooled / 2**20,
                      checkpoint_time_ratio=t["c"] / t["s"], checkpoint_first_over_warm=first_ckpt / t["c"])

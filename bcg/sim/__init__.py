@@ -8,8 +8,10 @@ modules behind it can move. Public API (docs/design.md):
 * the step and its companions: :func:`step`, :func:`mass_matrix`, :func:`bias_forces`; the value types
   :class:`Physics` (per-environment parameters, :func:`default_physics`) and :class:`ContactReport`;
 * the float64 oracle's kinematics (:func:`forward_kinematics`, :class:`Kinematics`) and quaternion helpers;
-* how a step executes (CPU threads, checkpointing; :mod:`bcg.sim.execution`) and the runtime's caches
-  (:func:`clear_pool`, :func:`kept_bytes`);
+* the runtime (:class:`Runtime`, :func:`default_runtime`): how a step executes (CPU threads, checkpointing;
+  :class:`ExecutionOptions`) and what it keeps between calls (per-model arrays and pools: :func:`clear_pool`;
+  bytes held for backward passes: :func:`kept_bytes`). Every function taking a model also takes ``runtime=``;
+  without it the process's runtime is used;
 * for the environments' own fused kernels: :class:`TensorLaunch` and :func:`prepack` (launches recorded once).
 
 State layout is MuJoCo's ``qpos`` / ``qvel``. The plain-torch oracle of the same algorithm is
@@ -22,15 +24,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from bcg.sim.device import check_device
-from bcg.sim.execution import (
-    ExecutionOptions,
-    available_cores,
-    execution_options,
-    execution_options_set,
-    parallel,
-    set_execution_options,
-    thread_count,
-)
+from bcg.sim.execution import ExecutionOptions, available_cores, thread_count
 from bcg.sim.model import (
     MAX_ROOT_POSITION,
     MAX_SPEED,
@@ -42,13 +36,21 @@ from bcg.sim.model import (
 )
 from bcg.sim.physics import check_physics, default_physics, physics_from_saved
 from bcg.sim.reference import Kinematics, forward_kinematics, quat_mul_wxyz, quat_to_matrix_wxyz
+from bcg.sim.runtime import (
+    Runtime,
+    clear_pool,
+    default_runtime,
+    execution_options,
+    execution_options_set,
+    kept_bytes,
+    parallel,
+    set_execution_options,
+)
 from bcg.sim.types import ContactReport, Physics
 
 if TYPE_CHECKING:
     import torch
 
-    from bcg.sim.bridge import kept_bytes
-    from bcg.sim.engine import clear_pool
     from bcg.sim.replay import TensorLaunch, prepack
 
 __all__ = [
@@ -59,6 +61,7 @@ __all__ = [
     "MAX_ROOT_POSITION",
     "MAX_SPEED",
     "Physics",
+    "Runtime",
     "SimModel",
     "TensorLaunch",
     "UnsupportedModelError",
@@ -68,6 +71,7 @@ __all__ = [
     "check_physics",
     "clear_pool",
     "default_physics",
+    "default_runtime",
     "execution_options",
     "execution_options_set",
     "forward_kinematics",
@@ -88,32 +92,30 @@ __all__ = [
 _NEEDS_WARP = {
     "TensorLaunch": "bcg.sim.replay",
     "prepack": "bcg.sim.replay",
-    "clear_pool": "bcg.sim.engine",
-    "kept_bytes": "bcg.sim.bridge",
 }
 """Public names whose modules import Warp, loaded on first access."""
 
 
-def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor, physics: Physics | None = None
-         ) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
+def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor, physics: Physics | None = None,
+         runtime: Runtime | None = None) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
     """Differentiable control step; see :func:`bcg.sim.bridge.step`."""
     from bcg.sim.bridge import step as _step
 
-    return _step(model, q, qd, targets, physics)
+    return _step(model, q, qd, targets, physics, runtime)
 
 
-def mass_matrix(model: SimModel, q: torch.Tensor) -> torch.Tensor:
+def mass_matrix(model: SimModel, q: torch.Tensor, runtime: Runtime | None = None) -> torch.Tensor:
     """Mass matrix [N, nv, nv] (armature included); see :func:`bcg.sim.bridge.mass_matrix`."""
     from bcg.sim.bridge import mass_matrix as _mass_matrix
 
-    return _mass_matrix(model, q)
+    return _mass_matrix(model, q, runtime)
 
 
-def bias_forces(model: SimModel, q: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
+def bias_forces(model: SimModel, q: torch.Tensor, qd: torch.Tensor, runtime: Runtime | None = None) -> torch.Tensor:
     """Bias forces [N, nv]; see :func:`bcg.sim.bridge.bias_forces`."""
     from bcg.sim.bridge import bias_forces as _bias_forces
 
-    return _bias_forces(model, q, qd)
+    return _bias_forces(model, q, qd, runtime)
 
 
 def __getattr__(name: str) -> Any:

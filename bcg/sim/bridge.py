@@ -33,10 +33,11 @@ from bcg.sim.engine import (
     run_dynamics_terms,
     substep_launches,
 )
-from bcg.sim.execution import ExecutionOptions, execution_options, parallel, split_rows, thread_count
+from bcg.sim.execution import ExecutionOptions, split_rows, thread_count
 from bcg.sim.model import MAX_ROOT_POSITION, MAX_SPEED, SimModel
 from bcg.sim.physics import Physics, check_physics
 from bcg.sim.replay import Relocatable, pack, prepack
+from bcg.sim.runtime import ModelWorkspace, Runtime, default_runtime, kept_bytes
 from bcg.sim.types import ContactReport
 
 __all__ = ["MAX_ROOT_POSITION", "step", "mass_matrix", "bias_forces", "kept_bytes", "ContactReport"]
@@ -72,17 +73,15 @@ def _envs(mask: torch.Tensor) -> list[int]:
     return mask.nonzero().flatten()[:8].tolist()
 
 
-_BOUNDS: dict = {}
-
-
-def _values_ok(q: torch.Tensor, qd: torch.Tensor | None, targets: torch.Tensor | None, max_speed: bool) -> bool:
+def _values_ok(bounds_cache: dict, q: torch.Tensor, qd: torch.Tensor | None, targets: torch.Tensor | None,
+               max_speed: bool) -> bool:
     """The common case of :func:`_check_values` in a few torch operations (they are most of the calling thread's
     serial time in a 2-thread step): the column-wise largest |value| of [q | qd | targets] against one bound per
-    column (the root position's, the speed's, else the largest float32, which inf and NaN both fail), and the
-    smallest root quaternion norm."""
+    column (the root position's, the speed's, else the largest float32, which inf and NaN both fail; kept in
+    ``bounds_cache``), and the smallest root quaternion norm."""
     parts = [q] + [x for x in (qd, targets) if x is not None]
     key = (tuple(x.shape[1] for x in parts), qd is not None, max_speed, q.device)
-    bounds = _BOUNDS.get(key)
+    bounds = bounds_cache.get(key)
     if bounds is None:
         big = torch.finfo(torch.float32).max
         b = [torch.full((q.shape[1],), big)]
@@ -91,13 +90,14 @@ def _values_ok(q: torch.Tensor, qd: torch.Tensor | None, targets: torch.Tensor |
             b.append(torch.full((qd.shape[1],), MAX_SPEED if max_speed else big))
         if targets is not None:
             b.append(torch.full((targets.shape[1],), big))
-        bounds = _BOUNDS[key] = torch.cat(b).to(q.device)
+        bounds = bounds_cache[key] = torch.cat(b).to(q.device)
     largest = torch.cat(parts, 1).abs().amax(0)
     quat = torch.linalg.vector_norm(q[:, _ROOT_QUAT], dim=1).amin()
     return bool((largest <= bounds).all() & (quat >= 1e-6))
 
 
-def _check_values(q: torch.Tensor, qd: torch.Tensor | None, targets: torch.Tensor | None, max_speed: bool) -> None:
+def _check_values(rt: Runtime, q: torch.Tensor, qd: torch.Tensor | None, targets: torch.Tensor | None,
+                  max_speed: bool) -> None:
     """Raise a ValueError naming the input, the bound and the environments when a value is outside the range the
     kernels handle: NaN / inf anywhere, a root quaternion of (near) zero norm, a root position component beyond
     :data:`MAX_ROOT_POSITION`, and (``max_speed``) a qd entry beyond :data:`bcg.sim.MAX_SPEED`.
@@ -108,7 +108,7 @@ def _check_values(q: torch.Tensor, qd: torch.Tensor | None, targets: torch.Tenso
     q = q.detach()
     qd = None if qd is None else qd.detach()
     targets = None if targets is None else targets.detach()
-    if _values_ok(q, qd, targets, max_speed):
+    if _values_ok(rt.value_bounds, q, qd, targets, max_speed):
         return
     pos = q[:, _ROOT_POS].abs().amax(1)
     quat_ok = q[:, _ROOT_QUAT].norm(dim=1) >= 1e-6
@@ -152,39 +152,39 @@ def _load_inputs(arrs: StepArrays, q: torch.Tensor, qd: torch.Tensor, targets: t
             wp.copy(dst, wp.from_torch(src, dtype=_VEC_FIELDS.get(name, wp.float32)))
 
 
-def _block_arrays(model: SimModel, index: int, n: int, grad: bool, per_env_physics: bool) -> tuple[StepArrays, bool]:
+def _block_arrays(model: SimModel, ws: ModelWorkspace, index: int, n: int, grad: bool, per_env_physics: bool
+                  ) -> tuple[StepArrays, bool]:
     """Arrays of row block ``index`` (``n`` rows) of a step, and whether they are reused (so need
     ``reset_for_reuse()``, which the caller runs in the block's thread). With gradients: a value set of its own
     (its gradients come from a shared :class:`GradArrays` in the backward), from the engine's pool of released
     sets when it has one (what ``allocate_step`` does, minus the reset). Without: a reused workspace per block (two
     equal blocks running at once need two)."""
-    model_arrays(model)
-    cache = model.warp
+    model_arrays(model, ws)
     if grad:
-        pool = cache.grad_pool.get((n, per_env_physics))
+        pool = ws.grad_pool.get((n, per_env_physics))
         if pool:
             arrs = pool.pop()
-            cache.pool_bytes -= arrs.nbytes
+            ws.pool_bytes -= arrs.nbytes
             return arrs, True
         # zeroed by the block's thread (StepArrays.zero_pending, in _forward): the new pages fault in on every core
         return StepArrays(model, n, requires_grad=True, per_env_physics=per_env_physics, grads="pooled",
-                          zero_now=False), False
-    spaces = cache.__dict__.setdefault("block_workspaces", {})
+                          zero_now=False, ws=ws), False
     key = (index, n, per_env_physics)
-    arrs = spaces.get(key)
+    arrs = ws.block_workspaces.get(key)
     if arrs is None:
-        arrs = spaces[key] = StepArrays(model, n, requires_grad=False, per_env_physics=per_env_physics)
+        arrs = ws.block_workspaces[key] = StepArrays(model, n, requires_grad=False, per_env_physics=per_env_physics,
+                                                     ws=ws)
         return arrs, False
     return arrs, True
 
 
-def _recorded(model: SimModel, arrs: StepArrays, adjoint: bool) -> list:
+def _recorded(model: SimModel, ws: ModelWorkspace, arrs: StepArrays, adjoint: bool) -> list:
     """The step's launches recorded (not run) on the views of ``arrs``: forward in order, or (``adjoint``) their
     adjoints in reverse order with the arguments ``wp.Tape`` would pass (each array's ``.grad``)."""
     get_adjoint = wp.Tape().get_adjoint  # Warp's own rule for the adjoint argument of each kernel argument
     cmds = []
     for k in range(model.params.substeps):
-        for launch in substep_launches(model, arrs, k):
+        for launch in substep_launches(model, arrs, k, ws=ws):
             kw = dict(dim=arrs.n, inputs=launch.inputs, outputs=launch.outputs, device=model.device, record_cmd=True)
             if adjoint:
                 kw.update(adj_inputs=[get_adjoint(a) for a in launch.inputs],
@@ -193,19 +193,19 @@ def _recorded(model: SimModel, arrs: StepArrays, adjoint: bool) -> list:
     return cmds[::-1] if adjoint else cmds
 
 
-def _packed(model: SimModel, key: tuple, cmds: list, ranges: list[tuple[int, int]]) -> list[Callable[[], None]]:
+def _packed(ws: ModelWorkspace, key: tuple, cmds: list, ranges: list[tuple[int, int]]) -> list[Callable[[], None]]:
     """Callables of the recorded ``cmds``, and (when every one packs and relocates) the template ``key`` that the
     next sets of this shape are relocated from instead of recorded."""
     packed = [pack(c) for c in cmds]
     if all(p is not None for p in packed):
         try:
-            model.warp.templates[key] = ([start for start, _ in ranges], Relocatable(packed, ranges))
+            ws.templates[key] = ([start for start, _ in ranges], Relocatable(packed, ranges))
         except ValueError:  # an argument type the relocation does not know: record every set
             pass
     return [c.launch if p is None else p.call for p, c in zip(packed, cmds, strict=True)]
 
 
-def _record(model: SimModel, arrs: StepArrays) -> list[Callable[[], None]]:
+def _record(model: SimModel, ws: ModelWorkspace, arrs: StepArrays) -> list[Callable[[], None]]:
     """The forward launches of a step's arrays, packed once per array set (pooled and cached sets are reused, so
     this is paid once per set, not per step): the same kernels and arguments ``wp.Tape`` records, without its
     per-launch argument packing. The first set of a shape is recorded and packed; the others are relocated from
@@ -214,21 +214,21 @@ def _record(model: SimModel, arrs: StepArrays) -> list[Callable[[], None]]:
     if cached is not None:
         return cached
     key = ("forward", arrs.n, arrs.per_env_physics)
-    template = model.warp.templates.get(key) if arrs.own_grads is None else None
+    template = ws.templates.get(key) if arrs.own_grads is None else None
     if template is not None:
         (base,), reloc = template
         out = reloc.calls([arrs.ptr - base])
     else:
-        cmds = _recorded(model, arrs, adjoint=False)
+        cmds = _recorded(model, ws, arrs, adjoint=False)
         if arrs.own_grads is None:
-            out = _packed(model, key, cmds, [(arrs.ptr, arrs.layout.nbytes)])
+            out = _packed(ws, key, cmds, [(arrs.ptr, arrs.layout.nbytes)])
         else:
             out = [prepack(c) for c in cmds]
     arrs.bcg_forward = out
     return out
 
 
-def _adjoint(model: SimModel, arrs: StepArrays, grads: GradArrays) -> list[Callable[[], None]]:
+def _adjoint(model: SimModel, ws: ModelWorkspace, arrs: StepArrays, grads: GradArrays) -> list[Callable[[], None]]:
     """The adjoint launches of a step's value set ``arrs`` with the gradient set ``grads`` (reverse order), packed
     once per (value set, gradient set) pair: the first pair of a shape is recorded with ``grads`` attached as the
     arrays' ``.grad`` (exactly the tape's arguments), the others relocated from it."""
@@ -237,17 +237,17 @@ def _adjoint(model: SimModel, arrs: StepArrays, grads: GradArrays) -> list[Calla
     if hit is not None:
         return hit
     key = ("adjoint", arrs.n, arrs.per_env_physics)
-    template = model.warp.templates.get(key)
+    template = ws.templates.get(key)
     if template is not None:
         (vbase, gbase), reloc = template
         out = reloc.calls([arrs.ptr - vbase, grads.ptr - gbase])
     else:
         arrs.attach_grads(grads)
         try:
-            cmds = _recorded(model, arrs, adjoint=True)
+            cmds = _recorded(model, ws, arrs, adjoint=True)
         finally:
             arrs.attach_grads(None)  # the recorded arguments keep the pointers; the views need no gradients
-        out = _packed(model, key, cmds, [(arrs.ptr, arrs.layout.nbytes), (grads.ptr, grads.nbytes)])
+        out = _packed(ws, key, cmds, [(arrs.ptr, arrs.layout.nbytes), (grads.ptr, grads.nbytes)])
     if len(cache) >= 4:  # a set meets only a few gradient sets (one per block and concurrent backward)
         cache.clear()
     cache[grads.serial] = out
@@ -312,16 +312,17 @@ def _load(arrs: StepArrays, rows: slice, q: torch.Tensor, qd: torch.Tensor, targ
                 dst.copy_(getattr(physics, name)[rows])
 
 
-def _forward(model: SimModel, arrs: StepArrays, reset: bool = False) -> None:
+def _forward(model: SimModel, ws: ModelWorkspace, arrs: StepArrays, reset: bool = False) -> None:
     """Run the recorded forward of ``arrs`` (inputs loaded), re-zeroing reused arrays first (``reset``)."""
     if reset:
         arrs.reset_for_reuse()
     arrs.zero_pending()
-    for launch in _record(model, arrs):
+    for launch in _record(model, ws, arrs):
         launch()
 
 
-def _backward(model: SimModel, arrs: StepArrays, grads: GradArrays, grads_in: list[torch.Tensor]) -> None:
+def _backward(model: SimModel, ws: ModelWorkspace, arrs: StepArrays, grads: GradArrays,
+              grads_in: list[torch.Tensor]) -> None:
     """Adjoint of the recorded forward of ``arrs`` on the gradient set ``grads`` (zeroed here) for incoming
     gradients ``grads_in`` of (q[S], qd[S], impulse); leaves the gradients of (q[0], qd[0], targets) in ``grads``.
     """
@@ -329,7 +330,7 @@ def _backward(model: SimModel, arrs: StepArrays, grads: GradArrays, grads_in: li
     with torch.no_grad():
         for dst, g in zip(_grad_views(grads)["g_in"], grads_in, strict=True):
             dst.copy_(g)
-    for launch in _adjoint(model, arrs, grads):
+    for launch in _adjoint(model, ws, arrs, grads):
         launch()
 
 
@@ -341,47 +342,28 @@ def _input_grads(grads: GradArrays, rows: slice, out: list[torch.Tensor]) -> Non
             dst[rows].copy_(g)
 
 
-def _forward_block(model: SimModel, arrs: StepArrays, reset: bool, rows: slice, inputs: tuple,
+def _forward_block(model: SimModel, ws: ModelWorkspace, arrs: StepArrays, reset: bool, rows: slice, inputs: tuple,
                    outs: list[torch.Tensor]) -> None:
     """One row block of a step's forward, in its thread: load rows ``rows`` of ``inputs`` (q, qd, targets,
     physics), run the launches, copy the outputs (q[S], qd[S], impulse, depth) into rows ``rows`` of ``outs``."""
     _load(arrs, rows, *inputs)
-    _forward(model, arrs, reset)
+    _forward(model, ws, arrs, reset)
     v = _views(arrs)
     with torch.no_grad():
         for out, f in zip(outs, ("qS", "qdS", "impulse", "depth"), strict=True):
             out[rows].copy_(v[f])
 
 
-def _backward_block(model: SimModel, arrs: StepArrays, grads: GradArrays, rows: slice, grads_in: tuple,
-                    out: list[torch.Tensor], inputs: tuple | None, reset: bool) -> None:
+def _backward_block(model: SimModel, ws: ModelWorkspace, arrs: StepArrays, grads: GradArrays, rows: slice,
+                    grads_in: tuple, out: list[torch.Tensor], inputs: tuple | None, reset: bool) -> None:
     """One row block of a step's backward, in its thread: (checkpointed: ``inputs`` given) re-run the forward,
     then the adjoint for rows ``rows`` of ``grads_in`` (of q[S], qd[S], impulse); the input gradients go to rows
     ``rows`` of ``out``."""
     if inputs is not None:
         _load(arrs, rows, *inputs)
-        _forward(model, arrs, reset)
-    _backward(model, arrs, grads, [g[rows] for g in grads_in])
+        _forward(model, ws, arrs, reset)
+    _backward(model, ws, arrs, grads, [g[rows] for g in grads_in])
     _input_grads(grads, rows, out)
-
-
-_kept = {"bytes": 0, "peak": 0}
-
-
-def kept_bytes(reset_peak: bool = False) -> tuple[int, int]:
-    """``(now, peak)``: bytes held for backward passes still to come by :func:`step` calls (the Warp arrays' values
-    of stored-forward steps; the saved input tensors of checkpointed ones). Not counted: the pooled scratch a
-    backward runs on, the same for any number of pending steps (one gradient set per thread block, plus for
-    checkpointed steps one value set per block: 4.4 MiB each per 32 environments). ``reset_peak`` restarts the
-    peak at the current value (call it before a rollout to measure that rollout)."""
-    if reset_peak:
-        _kept["peak"] = _kept["bytes"]
-    return _kept["bytes"], _kept["peak"]
-
-
-def _keep(nbytes: int) -> None:
-    _kept["bytes"] += nbytes
-    _kept["peak"] = max(_kept["peak"], _kept["bytes"])
 
 
 class _WarpControlStep(torch.autograd.Function):
@@ -389,24 +371,26 @@ class _WarpControlStep(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,  # type: ignore[override]
-                physics: Physics | None, options: ExecutionOptions):
+                physics: Physics | None, rt: Runtime, options: ExecutionOptions):
         grad = any(ctx.needs_input_grad[1:4])
         keep = grad and not options.checkpoint  # stored forward: the arrays live until the backward
         blocks = split_rows(q.shape[0], thread_count(options, q.shape[0], model.device))
-        taken = [_block_arrays(model, i, b.stop - b.start, keep, physics is not None) for i, b in enumerate(blocks)]
+        ws = rt.workspace(model)
+        taken = [_block_arrays(model, ws, i, b.stop - b.start, keep, physics is not None)
+                 for i, b in enumerate(blocks)]
         arrs = [a for a, _ in taken]
         n, S = q.shape[0], model.params.substeps
         outs = [q.new_empty(n, model.nq), q.new_empty(n, model.nv), q.new_empty(n, S, model.nc),
                 q.new_empty(n, S, model.nc)]
         for a in arrs:  # packed and viewed in this thread: Warp's lazy module load is not thread-safe (segfault
-            _record(model, a)  # seen); the block threads run torch copies, memsets and pre-packed kernel calls
+            _record(model, ws, a)  # seen); the block threads run torch copies, memsets and pre-packed kernel calls
             _views(a)
 
         with _warp_stream(model):
-            parallel([lambda i=i: _forward_block(model, taken[i][0], taken[i][1], blocks[i], (q, qd, targets, physics),
-                                                 outs) for i in range(len(blocks))])
+            rt.parallel([lambda i=i: _forward_block(model, ws, taken[i][0], taken[i][1], blocks[i],
+                                                    (q, qd, targets, physics), outs) for i in range(len(blocks))])
         if grad:
-            ctx.model, ctx.blocks, ctx.done = model, blocks, False
+            ctx.model, ctx.rt, ctx.ws, ctx.blocks, ctx.done = model, rt, ws, blocks, False
             if keep:
                 ctx.arrs = arrs
                 ctx.kept = sum(a.nbytes for a in arrs)
@@ -416,9 +400,9 @@ class _WarpControlStep(torch.autograd.Function):
                 ctx.arrs = None
                 ctx.kept = sum(t.numel() * t.element_size() for t in ctx.inputs[:3])
                 ctx.kept += 0 if physics is None else sum(t.numel() * t.element_size() for t in physics)
-            _keep(ctx.kept)
+            rt.keep(ctx.kept)
             # a graph dropped without a backward frees what it kept too: count that as given back
-            ctx.release = weakref.finalize(ctx, _keep, -ctx.kept)
+            ctx.release = weakref.finalize(ctx, rt.keep, -ctx.kept)
         ctx.mark_non_differentiable(outs[3])
         return tuple(outs)
 
@@ -429,42 +413,43 @@ class _WarpControlStep(torch.autograd.Function):
                                "supported by the Warp tape)")
         ctx.done = True
         ctx.release()
-        model, blocks = ctx.model, ctx.blocks
+        model, rt, ws, blocks = ctx.model, ctx.rt, ctx.ws, ctx.blocks
         arrs = ctx.arrs
         ctx.arrs = None
 
         redo = arrs is None  # checkpoint: re-run each block's forward with gradients, then its adjoint
         if redo:  # arrays allocated, loaded and packed in this thread (the pool and Warp's module load are not
             physics = ctx.inputs[3]  # thread-safe); only copies, memsets and launches run in the block threads
-            taken = [_block_arrays(model, i, b.stop - b.start, True, physics is not None) for i, b in enumerate(blocks)]
+            taken = [_block_arrays(model, ws, i, b.stop - b.start, True, physics is not None)
+                     for i, b in enumerate(blocks)]
             arrs = [a for a, _ in taken]
             for a in arrs:
-                _record(model, a)
+                _record(model, ws, a)
         # gradient sets taken, packed and viewed here: the block threads run memsets, tensor copies and kernel
         # calls only
-        grads = [acquire_grads(model, a.layout) for a in arrs]
+        grads = [acquire_grads(model, a.layout, ws) for a in arrs]
         for a, g in zip(arrs, grads, strict=True):
             _views(a)
             _grad_views(g)
-            _adjoint(model, a, g)
+            _adjoint(model, ws, a, g)
 
         n = g_q.shape[0]
         out = [g_q.new_empty(n, model.nq), g_q.new_empty(n, model.nv), g_q.new_empty(n, model.nu)]
 
         inputs = ctx.inputs if redo else None
         with _warp_stream(model):
-            parallel([lambda i=i: _backward_block(model, arrs[i], grads[i], blocks[i], (g_q, g_qd, g_imp), out,
-                                                  inputs, taken[i][1] if redo else False)
-                      for i in range(len(blocks))])
+            rt.parallel([lambda i=i: _backward_block(model, ws, arrs[i], grads[i], blocks[i], (g_q, g_qd, g_imp),
+                                                     out, inputs, taken[i][1] if redo else False)
+                         for i in range(len(blocks))])
         for a, g in zip(arrs, grads, strict=True):  # back to the pools, in this thread
-            release_grads(model, g)
-            release_step(model, a)
+            release_grads(model, g, ws)
+            release_step(model, a, ws)
         ctx.inputs = None
-        return (None, *out, None, None)
+        return (None, *out, None, None, None)
 
 
-def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor, physics: Physics | None = None
-         ) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
+def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor, physics: Physics | None = None,
+         runtime: Runtime | None = None) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
     """One differentiable control step: ``model.params.substeps`` physics substeps with the PD targets held.
 
     Args:
@@ -475,6 +460,8 @@ def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tens
         physics: optional per-environment masses, COMs, inertias, armature, damping, gains and friction
             (:class:`bcg.sim.Physics`, e.g. from domain randomisation); default: the model's shared values.
             No gradients flow to them.
+        runtime: whose execution options, thread pool and array pools the step uses (default: the process's,
+            :func:`bcg.sim.runtime.default_runtime`).
     Returns:
         ``(q_next [N, nq], qd_next [N, nv], ContactReport)``. Gradients flow to ``q``, ``qd`` and ``targets``
         from ``q_next``, ``qd_next`` and the contact impulses (``impulse``, ``peak_force``); ``penetration``
@@ -494,9 +481,9 @@ def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tens
         check_physics(model, physics, n, _torch_device(model))
     if n == 0:
         return _empty_step(model, q, qd, targets)
-    _check_values(q, qd, targets, max_speed=True)
-    q_next, qd_next, impulses, depth = _WarpControlStep.apply(model, q, qd, targets, physics,
-                                                              execution_options())
+    rt = runtime if runtime is not None else default_runtime()
+    _check_values(rt, q, qd, targets, max_speed=True)
+    q_next, qd_next, impulses, depth = _WarpControlStep.apply(model, q, qd, targets, physics, rt, rt.options)
     report = ContactReport(
         impulse=impulses.sum(1),
         peak_force=impulses.amax(1) / model.params.dt,
@@ -518,13 +505,15 @@ def _empty_step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: tor
     return q_next, qd_next, report
 
 
-def _dynamics_terms(model: SimModel, q: torch.Tensor, qd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _dynamics_terms(model: SimModel, rt: Runtime, q: torch.Tensor, qd: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
     n = q.shape[0]
-    arrs = allocate_step(model, n, requires_grad=False)
+    ws = rt.workspace(model)
+    arrs = allocate_step(model, n, requires_grad=False, ws=ws)
     targets = torch.zeros(n, model.nu, dtype=torch.float32, device=q.device)
     with _warp_stream(model):
         _load_inputs(arrs, q, qd, targets)
-        H, neg_bias = run_dynamics_terms(model, arrs)
+        H, neg_bias = run_dynamics_terms(model, arrs, ws)
         return unpack_tree(model, wp.to_torch(H)), -wp.to_torch(neg_bias).clone()
 
 
@@ -540,7 +529,7 @@ def unpack_tree(model: SimModel, rows_by_depth: torch.Tensor, symmetric: bool = 
     return dense
 
 
-def mass_matrix(model: SimModel, q: torch.Tensor) -> torch.Tensor:
+def mass_matrix(model: SimModel, q: torch.Tensor, runtime: Runtime | None = None) -> torch.Tensor:
     """Joint-space mass matrix [N, nv, nv] with armature (MuJoCo's ``mj_fullM``), from the Warp kernels.
 
     Args:
@@ -551,11 +540,13 @@ def mass_matrix(model: SimModel, q: torch.Tensor) -> torch.Tensor:
     n = _check(model, "q", q, model.nq, None)
     if n == 0:
         return q.new_zeros(0, model.nv, model.nv)
-    _check_values(q, None, None, max_speed=False)
-    return _dynamics_terms(model, q, torch.zeros(n, model.nv, dtype=q.dtype, device=q.device))[0]
+    rt = runtime if runtime is not None else default_runtime()
+    _check_values(rt, q, None, None, max_speed=False)
+    return _dynamics_terms(model, rt, q, torch.zeros(n, model.nv, dtype=q.dtype, device=q.device))[0]
 
 
-def bias_forces(model: SimModel, q: torch.Tensor, qd: torch.Tensor) -> torch.Tensor:
+def bias_forces(model: SimModel, q: torch.Tensor, qd: torch.Tensor, runtime: Runtime | None = None
+                ) -> torch.Tensor:
     """Coriolis, centrifugal and gravity forces [N, nv] (MuJoCo's ``qfrc_bias``), from the Warp kernels.
 
     Args:
@@ -568,5 +559,6 @@ def bias_forces(model: SimModel, q: torch.Tensor, qd: torch.Tensor) -> torch.Ten
     _check(model, "qd", qd, model.nv, n)
     if n == 0:
         return q.new_zeros(0, model.nv)
-    _check_values(q, qd, None, max_speed=False)
-    return _dynamics_terms(model, q, qd)[1]
+    rt = runtime if runtime is not None else default_runtime()
+    _check_values(rt, q, qd, None, max_speed=False)
+    return _dynamics_terms(model, rt, q, qd)[1]

@@ -7,7 +7,7 @@ Nothing here touches torch. :mod:`bcg.sim.bridge` runs these launches (recorded 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -15,6 +15,7 @@ import warp as wp
 
 from bcg.sim import kernels as K
 from bcg.sim.model import SimModel
+from bcg.sim.runtime import ModelWorkspace, default_runtime
 
 __all__ = [
     "FieldSpec",
@@ -26,7 +27,6 @@ __all__ = [
     "acquire_grads",
     "allocate_step",
     "model_arrays",
-    "clear_pool",
     "release_grads",
     "release_step",
     "run_dynamics_terms",
@@ -139,22 +139,6 @@ def _build_arrays(model: SimModel) -> ModelArrays:
     )
 
 
-@dataclass
-class _Cache:
-    arrays: ModelArrays | None = None
-    workspaces: dict = field(default_factory=dict)
-    grad_pool: dict = field(default_factory=dict)
-    """Released gradient-step value sets by (N, per-env physics): reusing them avoids page-faulting hundreds of MiB
-    per rollout."""
-    pool_bytes: int = 0
-    grad_sets: dict = field(default_factory=dict)
-    """Idle :class:`GradArrays` by (N, per-env physics): the gradients of a step, needed only while its backward
-    runs, so a few serve every pending step of that shape."""
-    layouts: dict = field(default_factory=dict)
-    templates: dict = field(default_factory=dict)
-    """Launch templates by (N, per-env physics), kept by :mod:`bcg.sim.bridge` (packed once, relocated per set)."""
-
-
 POOL_LIMIT_BYTES = 2 * 2**30
 """At most this many bytes of released gradient-step arrays are kept per model for reuse (the rest are freed)."""
 
@@ -171,15 +155,17 @@ or read by the kernels, and zeroing them once keeps them finite for everything e
 finite-difference tests perturb every entry in proportion to the array's largest)."""
 
 
-def model_arrays(model: SimModel) -> ModelArrays:
-    """The model's device arrays, built on first use and cached on the model."""
-    cache = model.warp
-    if cache is None:
-        cache = _Cache()
-        object.__setattr__(model, "warp", cache)
-    if cache.arrays is None:
-        cache.arrays = _build_arrays(model)
-    return cache.arrays
+def _workspace(model: SimModel, ws: ModelWorkspace | None) -> ModelWorkspace:
+    return ws if ws is not None else default_runtime().workspace(model)
+
+
+def model_arrays(model: SimModel, ws: ModelWorkspace | None = None) -> ModelArrays:
+    """The model's device arrays, built on first use and kept in its workspace ``ws`` (default: the process
+    runtime's)."""
+    ws = _workspace(model, ws)
+    if ws.arrays is None:
+        ws.arrays = _build_arrays(model)
+    return ws.arrays
 
 
 class FieldSpec(NamedTuple):
@@ -261,11 +247,12 @@ def _scratch_shapes(model: SimModel, n: int) -> dict[str, tuple[tuple[int, ...],
     )
 
 
-def step_layout(model: SimModel, n: int, per_env_physics: bool = False) -> SetLayout:
-    """The buffer layout of a control step's arrays for ``n`` environments (cached on the model)."""
-    model_arrays(model)
+def step_layout(model: SimModel, n: int, per_env_physics: bool = False, ws: ModelWorkspace | None = None
+                ) -> SetLayout:
+    """The buffer layout of a control step's arrays for ``n`` environments (kept in the model's workspace)."""
+    ws = _workspace(model, ws)
     key = (n, per_env_physics)
-    cached = model.warp.layouts.get(key)
+    cached = ws.layouts.get(key)
     if cached is not None:
         return cached
     p = model.params
@@ -301,7 +288,7 @@ def step_layout(model: SimModel, n: int, per_env_physics: bool = False) -> SetLa
         offset += -(-nbytes // _ALIGN) * _ALIGN
     marks.setdefault("grad", offset)
     layout = SetLayout(n, per_env_physics, tuple(fields), offset, marks["grad"], marks["reset"], marks["zero"])
-    model.warp.layouts[key] = layout
+    ws.layouts[key] = layout
     return layout
 
 
@@ -378,10 +365,10 @@ class StepArrays:
     """
 
     def __init__(self, model: SimModel, n: int, requires_grad: bool, per_env_physics: bool = False,
-                 grads: str = "own", zero_now: bool = True):
+                 grads: str = "own", zero_now: bool = True, ws: ModelWorkspace | None = None):
         if grads not in ("own", "pooled"):
             raise ValueError(f"grads must be 'own' or 'pooled', got {grads!r}")
-        self.layout = step_layout(model, n, per_env_physics)
+        self.layout = step_layout(model, n, per_env_physics, ws)
         self.n = n
         self.requires_grad = requires_grad
         self.device = model.device
@@ -492,40 +479,39 @@ class StepArrays:
             self.own_grads.zero()
 
 
-def acquire_grads(model: SimModel, layout: SetLayout) -> GradArrays:
+def acquire_grads(model: SimModel, layout: SetLayout, ws: ModelWorkspace | None = None) -> GradArrays:
     """An idle gradient set of ``layout``'s shape (created when none is idle); zero it before use."""
-    model_arrays(model)
-    idle = model.warp.grad_sets.get((layout.n, layout.per_env_physics))
+    idle = _workspace(model, ws).grad_sets.get((layout.n, layout.per_env_physics))
     if idle:
         return idle.pop()
     return GradArrays(layout, model.device)
 
 
-def release_grads(model: SimModel, grads: GradArrays) -> None:
+def release_grads(model: SimModel, grads: GradArrays, ws: ModelWorkspace | None = None) -> None:
     """Hand a gradient set back once the backward that used it has copied its input gradients out."""
-    model.warp.grad_sets.setdefault((grads.layout.n, grads.layout.per_env_physics), []).append(grads)
+    _workspace(model, ws).grad_sets.setdefault((grads.layout.n, grads.layout.per_env_physics), []).append(grads)
 
 
-def allocate_step(model: SimModel, n: int, requires_grad: bool, per_env_physics: bool = False) -> StepArrays:
+def allocate_step(model: SimModel, n: int, requires_grad: bool, per_env_physics: bool = False,
+                  ws: ModelWorkspace | None = None) -> StepArrays:
     """Arrays for one step: with gradients, a set of its own (from the pool of released sets when possible; its
     gradients pooled, see :func:`acquire_grads`); without, one cached set that every call reuses."""
-    model_arrays(model)
+    ws = _workspace(model, ws)
     key = (n, per_env_physics)
     if requires_grad:
-        pool = model.warp.grad_pool.get(key)
+        pool = ws.grad_pool.get(key)
         if pool:
             arrs = pool.pop()
-            model.warp.pool_bytes -= arrs.nbytes
+            ws.pool_bytes -= arrs.nbytes
             arrs.reset_for_reuse()
             return arrs
-        return StepArrays(model, n, True, per_env_physics, grads="pooled")
-    ws = model.warp.workspaces.get(key)
-    if ws is None:
-        ws = StepArrays(model, n, False, per_env_physics)
-        model.warp.workspaces[key] = ws
+        return StepArrays(model, n, True, per_env_physics, grads="pooled", ws=ws)
+    arrs = ws.workspaces.get(key)
+    if arrs is None:
+        arrs = ws.workspaces[key] = StepArrays(model, n, False, per_env_physics, ws=ws)
     else:
-        ws.reset_for_reuse()
-    return ws
+        arrs.reset_for_reuse()
+    return arrs
 
 
 class Launch(NamedTuple):
@@ -536,13 +522,14 @@ class Launch(NamedTuple):
     outputs: list
 
 
-def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool = False) -> list[Launch]:
+def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool = False,
+                     ws: ModelWorkspace | None = None) -> list[Launch]:
     """The eight launches of substep ``k``: reads q[k], qd[k], targets; writes q[k + 1], qd[k + 1].
 
     ``terms_only``: just the first three, set up so that H is the mass matrix with armature and tau = -bias
     (no damping, no actuation, dt = 0).
     """
-    m = model_arrays(model)
+    m = model_arrays(model, ws)
     p = model.params
     s = arrs.sub[k]
     q, qd = arrs.q[k], arrs.qd[k]
@@ -587,28 +574,19 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool
     return launches[:3] if terms_only else launches
 
 
-def release_step(model: SimModel, arrs: StepArrays) -> None:
+def release_step(model: SimModel, arrs: StepArrays, ws: ModelWorkspace | None = None) -> None:
     """Give a gradient step's arrays back once its backward has run and nothing refers to them any more."""
-    cache = model.warp
+    ws = _workspace(model, ws)
     size = arrs.nbytes
-    if cache.pool_bytes + size <= POOL_LIMIT_BYTES:
-        cache.grad_pool.setdefault((arrs.n, arrs.per_env_physics), []).append(arrs)
-        cache.pool_bytes += size
+    if ws.pool_bytes + size <= POOL_LIMIT_BYTES:
+        ws.grad_pool.setdefault((arrs.n, arrs.per_env_physics), []).append(arrs)
+        ws.pool_bytes += size
 
 
-def clear_pool(model: SimModel) -> None:
-    """Free the released gradient-step arrays and idle gradient sets kept for reuse, and the launch templates (the
-    next gradient step of each shape starts as in a fresh process)."""
-    if model.warp is not None:
-        model.warp.grad_pool.clear()
-        model.warp.pool_bytes = 0
-        model.warp.grad_sets.clear()
-        model.warp.templates.clear()
-
-
-def run_dynamics_terms(model: SimModel, arrs: StepArrays) -> tuple[wp.array, wp.array]:
+def run_dynamics_terms(model: SimModel, arrs: StepArrays, ws: ModelWorkspace | None = None
+                       ) -> tuple[wp.array, wp.array]:
     """Mass matrix (armature included, depth-indexed [N, nv, D]: :meth:`SimModel.tree_pairs`) and bias forces at
     (q[0], qd[0]) of ``arrs``: returns (H, -bias)."""
-    for launch in substep_launches(model, arrs, 0, terms_only=True):
+    for launch in substep_launches(model, arrs, 0, terms_only=True, ws=ws):
         wp.launch(launch.kernel, dim=arrs.n, inputs=launch.inputs, outputs=launch.outputs, device=model.device)
     return arrs.sub[0]["H"], arrs.sub[0]["tau"]

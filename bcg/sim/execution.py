@@ -2,8 +2,8 @@
 forward (checkpointing). The physics and its numbers are the same whatever the options: every environment is one
 Warp thread whatever part of the batch it lands in, so a split batch gives the same bits, gradients too.
 
-Options are process-wide (the simulator is called from deep inside environments and estimators), read once per
-:func:`bcg.sim.step` call, and settable three ways::
+Options belong to a :class:`bcg.sim.runtime.Runtime`; the process's runtime (what the environments and estimators
+step with) reads them once per :func:`bcg.sim.step` call, and they are settable three ways::
 
     import bcg.sim as sim
     sim.set_execution_options(threads=1)              # from now on
@@ -19,27 +19,16 @@ a Python counter thread keeps running during a 24 ms launch; ``docs/performance.
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
-import threading
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
 
 __all__ = [
     "ExecutionOptions",
     "available_cores",
-    "execution_options",
-    "execution_options_set",
-    "parallel",
-    "set_execution_options",
+    "options_from_environment",
     "split_rows",
     "thread_count",
 ]
-
-T = TypeVar("T")
 
 MAX_THREADS = 16
 """Upper bound on the threads one step uses (the default takes every available core up to this)."""
@@ -78,7 +67,9 @@ class ExecutionOptions:
             raise ValueError(f"min_rows_per_thread must be an integer >= 1, got {self.min_rows_per_thread!r}")
 
 
-def _from_environment() -> ExecutionOptions:
+def options_from_environment() -> ExecutionOptions:
+    """The options the environment variables ``BCG_SIM_THREADS`` (an integer) and ``BCG_SIM_CHECKPOINT`` (``1``) ask
+    for (the defaults where unset)."""
     threads = os.environ.get("BCG_SIM_THREADS")
     ckpt = os.environ.get("BCG_SIM_CHECKPOINT", "0")
     try:
@@ -86,37 +77,6 @@ def _from_environment() -> ExecutionOptions:
     except ValueError:
         raise ValueError(f"BCG_SIM_THREADS must be an integer >= 1, got {threads!r}") from None
     return ExecutionOptions(threads=n, checkpoint=ckpt not in ("", "0", "false", "False"))
-
-
-_options = _from_environment()
-_lock = threading.Lock()
-
-
-def execution_options() -> ExecutionOptions:
-    """The options the next :func:`bcg.sim.step` call uses."""
-    return _options
-
-
-def set_execution_options(options: ExecutionOptions | None = None, **changes: object) -> ExecutionOptions:
-    """Replace the options (``options``, then keyword changes of its fields); returns the previous ones."""
-    global _options
-    with _lock:
-        previous = _options
-        base = previous if options is None else options
-        if not isinstance(base, ExecutionOptions):
-            raise TypeError(f"options must be an ExecutionOptions, got {type(base).__name__}")
-        _options = dataclasses.replace(base, **changes) if changes else base  # type: ignore[arg-type]
-    return previous
-
-
-@contextlib.contextmanager
-def execution_options_set(**changes: object) -> Iterator[ExecutionOptions]:
-    """Context manager: the options with ``changes`` inside the block, the previous ones after it."""
-    previous = set_execution_options(**changes)
-    try:
-        yield _options
-    finally:
-        set_execution_options(previous)
 
 
 def thread_count(options: ExecutionOptions, n: int, device: str) -> int:
@@ -138,38 +98,3 @@ def split_rows(n: int, parts: int) -> list[slice]:
         out.append(slice(start, stop))
         start = stop
     return out
-
-
-_pool: ThreadPoolExecutor | None = None
-_pool_size = 0
-
-
-def parallel(fns: Sequence[Callable[[], T]]) -> list[T]:
-    """Run ``fns`` concurrently (the first in the calling thread, the others on a shared pool) and return their
-    results in order; the first exception raised by any of them is re-raised after all have finished."""
-    global _pool, _pool_size
-    if len(fns) == 1:
-        return [fns[0]()]
-    with _lock:
-        if _pool is None or _pool_size < len(fns) - 1:
-            if _pool is not None:
-                _pool.shutdown(wait=True)
-            _pool_size = len(fns) - 1
-            _pool = ThreadPoolExecutor(max_workers=_pool_size, thread_name_prefix="bcg-sim")
-        pool = _pool
-    futures = [pool.submit(fn) for fn in fns[1:]]
-    first: list[T] = []
-    error: BaseException | None = None
-    try:
-        first.append(fns[0]())
-    except BaseException as exc:  # noqa: BLE001 -- re-raised below, after the other blocks have finished
-        error = exc
-    rest = []
-    for f in futures:
-        try:
-            rest.append(f.result())
-        except BaseException as exc:  # noqa: BLE001
-            error = error or exc
-    if error is not None:
-        raise error
-    return first + rest

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -158,7 +158,8 @@ class ContactParams:
 
 @dataclass(frozen=True, eq=False)
 class SimModel:
-    """Host-side (numpy, float64) description of the tree plus its Warp copies on ``device``.
+    """Host-side (numpy, float64) description of the tree, simulated on ``device``. Its Warp copies live in the
+    workspace a :class:`bcg.sim.runtime.Runtime` keeps for it (models compare and hash by identity for that).
 
     Shapes: ``nb`` bodies, ``nv`` dofs, ``nu`` actuators, ``nc`` contact spheres, ``nf`` contact bodies ("feet").
     """
@@ -199,8 +200,6 @@ class SimModel:
     gravity: np.ndarray  # [3] [m/s^2]
     total_mass: float
     mjcf_path: str | None = None
-    warp: Any = field(default=None, repr=False)
-    """Warp arrays of the fields above (a :class:`bcg.sim.kernels.ModelArrays`), created on first use."""
 
     @property
     def nb(self) -> int:
@@ -240,11 +239,11 @@ class SimModel:
     def with_params(self, **changes: Any) -> SimModel:
         """A copy with some :class:`ContactParams` fields replaced (shares the tree arrays)."""
         params = dataclasses.replace(self.params, **changes)
-        return dataclasses.replace(self, params=params, warp=None)
+        return dataclasses.replace(self, params=params)
 
     def without_joint_limits(self) -> SimModel:
         """A copy whose hinges ignore their position limits (for comparisons with MuJoCo's ``mjDSBL_LIMIT``)."""
-        return dataclasses.replace(self, warp=None, dof_limited=np.zeros_like(self.dof_limited))
+        return dataclasses.replace(self, dof_limited=np.zeros_like(self.dof_limited))
 
     def with_gains(self, kp: np.ndarray | None = None, kd: np.ndarray | None = None,
                    torque_limit: np.ndarray | None = None, actuator_speed: np.ndarray | None = None) -> SimModel:
@@ -259,7 +258,7 @@ class SimModel:
                 if name == "actuator_speed" and np.any(arr == 0):
                     raise ValueError("actuator_speed must be > 0 (inf switches the torque-speed envelope off)")
                 new[name] = arr
-        return dataclasses.replace(self, warp=None, **new)
+        return dataclasses.replace(self, **new)
 
 
 _JOINT_TYPE_NAMES = {0: "free", 1: "ball", 2: "slide", 3: "hinge"}
