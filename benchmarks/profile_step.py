@@ -136,13 +136,13 @@ def env_parts(n: int, rounds: int = 5, block: int = 50) -> None:
 
     def reward() -> None:
         if env._warp:
-            env._warp_reward(env.reward_fn, f, frame, ctx)
+            env.rules.warp_reward(env.reward_fn, f, frame, ctx)
         else:
             env.reward_fn(f, env.ref_features(frame), ctx)
 
     def metrics() -> None:
         if env._warp:
-            env._warp_reward.metrics(f, frame)
+            env.rules.warp_reward.metrics(f, frame)
         else:
             ref = env.ref_features(frame)
             (f.key_pos_w - ref.key_pos_w).norm(dim=-1).amax(1), (f.body_pos_w - ref.body_pos_w).norm(dim=-1).mean(1)

@@ -53,7 +53,7 @@ def _outputs(env: G1TrackingVectorEnv, q: torch.Tensor, qd: torch.Tensor, a: tor
         obs = env._observe(f, frame)
         fc = (frame + 1).clamp(max=env.num_frames - 1)
         ctx = StepContext(a, pa, None)
-        rew = (env._warp_reward(env.reward_fn, f, fc, ctx) if warp
+        rew = (env.rules.warp_reward(env.reward_fn, f, fc, ctx) if warp
                else env.reward_fn(f, env.ref_features(fc), ctx))
     finally:
         env._use_warp(True)
@@ -108,7 +108,7 @@ def test_adjoint_matches_finite_differences(env: G1TrackingVectorEnv, part: str)
             return sum((t.double() * ww).sum() for t, ww in zip(f, wf, strict=True))
         if part == "observation":
             return (env._observe(f, frame).double() * wo).sum()
-        return env._warp_reward(env.reward_fn, f, frame, StepContext(aa, pp, None)).double().sum()
+        return env.rules.warp_reward(env.reward_fn, f, frame, StepContext(aa, pp, None)).double().sum()
 
     x = x0.clone().requires_grad_(True)
     scalar(x).backward()
@@ -127,7 +127,7 @@ def test_metrics_and_instability_equal_the_torch_path(env: G1TrackingVectorEnv) 
     f = FeatureFn(env.model)(q, qd)
     frame = (torch.arange(env.num_envs) * 53) % env.num_frames
     ref = env.ref_features(frame)
-    key_dist, track = env._warp_reward.metrics(f, frame)
+    key_dist, track = env.rules.warp_reward.metrics(f, frame)
     torch.testing.assert_close(key_dist, (f.key_pos_w - ref.key_pos_w).norm(dim=-1).amax(1), rtol=1e-6, atol=0)
     torch.testing.assert_close(track, (f.body_pos_w - ref.body_pos_w).norm(dim=-1).mean(1), rtol=1e-6, atol=0)
     q[0, 10], qd[1, 3], q[2, 0] = float("nan"), 1e6, 5e5
@@ -263,12 +263,12 @@ def test_one_launch_step_outputs_equal_the_separate_launches(env: G1TrackingVect
     q[3, 2] = 0.05  # fallen
     qd[4, 9] = 1e4  # unstable
     with torch.no_grad():
-        out = env._step_outputs(q, qd, a, pa, frame0, steps0, env.reward_fn, env.guard.launch_bounds(),
+        out = env.rules.warp_step(q, qd, a, pa, frame0, steps0, env.reward_fn, env.guard.launch_bounds(),
                                 env.termination_height, env.termination_distance, 40)
         feats = env._features(q, qd)
         fc = (frame0 + 1).clamp(0, f - 1)
-        reward = env._warp_reward(env.reward_fn, feats, fc, StepContext(a, pa, None))
-        key_dist, track = env._warp_reward.metrics(feats, fc)
+        reward = env.rules.warp_reward(env.reward_fn, feats, fc, StepContext(a, pa, None))
+        key_dist, track = env.rules.warp_reward.metrics(feats, fc)
         obs = env._observe(feats, frame0 + 1)
         bad = env.guard(q, qd)
     assert torch.equal(out.reward, reward) and torch.equal(out.obs, obs) and torch.equal(out.track, track)
@@ -314,7 +314,7 @@ def test_one_launch_rollouts_equal_the_separate_launches(randomization: bool) ->
     def rollout(one_launch: bool) -> list:
         env = G1TrackingVectorEnv(8, "jump", domain_randomization=randomization, max_episode_steps=60)
         if not one_launch:
-            env._one_launch_outputs = lambda *args: False
+            env.rules.warp_step = None  # every step takes the separate launches
         env.reset(seed=1)
         g = torch.Generator().manual_seed(1)
         out = []

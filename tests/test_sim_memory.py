@@ -17,8 +17,8 @@ import bcg.sim.bridge as bridge
 from bcg.robots import g1
 from bcg.sim import step
 from bcg.sim.engine import GradArrays, StepArrays, model_arrays, step_layout
-from bcg.sim.runtime import clear_pool, default_runtime, execution_options_set
 from bcg.sim.replay import Relocatable, pack
+from bcg.sim.runtime import clear_pool, default_runtime, execution_options_set
 
 MIB = 2**20
 

@@ -84,6 +84,22 @@ def test_stiffness_study_tiny(tmp_path: Path) -> None:
     assert main(["study", "stiffness", "--report-only", "--out", str(out)]) == 0
     assert (out / "stiffness.md").read_text() == md
 
+    # the same runs collected after the fact (--runs, as for runs trained with bcg train --kappa and bcg evaluate):
+    # the same rows, transfers and table
+    again = tmp_path / "collected"
+    runs = [r["run_dir"] for r in data["results"]][::-1]
+    assert main(["study", "stiffness", "--runs", *runs, "--out", str(again)]) == 0
+    got = json.loads((again / "results.json").read_text())
+    assert [(r["kappa"], r["seed"], r["method"]) for r in got["results"]] == [(50.0, 0, "shac:bptt"),
+                                                                             (300.0, 0, "shac:bptt")]
+    for a, b in zip(data["results"], got["results"], strict=True):
+        assert {k: b["transfer"][k] for k in a["transfer"]} == a["transfer"]
+        assert a["curve"] == b["curve"]
+    table = [line for line in md.splitlines() if line.startswith("| 50 |") or line.startswith("| 300 |")]
+    assert table == [line for line in (again / "stiffness.md").read_text().splitlines()
+                     if line.startswith("| 50 |") or line.startswith("| 300 |")]
+    assert main(["study", "stiffness", "--runs", runs[0], str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+
 
 def test_stiffness_study_refuses(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["study", "stiffness", "--method", "shac:nope", "--out", str(tmp_path / "s")]) == 2

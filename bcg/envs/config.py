@@ -71,6 +71,22 @@ def check_count(name: str, value: Any, minimum: int = 1) -> int:
     return int(value)
 
 
+MAX_SEED: int = 2**63 - 1
+"""Largest seed an environment's ``reset`` accepts (seeds are integers in [0, MAX_SEED])."""
+
+
+def check_seed(seed: Any) -> int | None:
+    """``seed`` as a Python int in [0, MAX_SEED], or None; a clear error otherwise."""
+    if seed is None:
+        return None
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise TypeError(f"seed must be None or an integer in [0, {MAX_SEED}], got {seed!r} of type "
+                        f"{type(seed).__name__}")
+    if not 0 <= int(seed) <= MAX_SEED:
+        raise ValueError(f"seed must be an integer in [0, {MAX_SEED}] (2^63 - 1), got {int(seed)}")
+    return int(seed)
+
+
 def _real(v: Any) -> bool:
     """Whether ``v`` is a finite real number (bools are not)."""
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)

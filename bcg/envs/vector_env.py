@@ -34,9 +34,7 @@ same observation noise; their noise-free versions are ``info["critic_obs"]`` and
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import gymnasium as gym
@@ -46,9 +44,11 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
 from bcg.envs.actions import ActionMap, check_actions, default_action_scale
-from bcg.envs.config import EnvConfig, check_count
+from bcg.envs.clip import env_motion
+from bcg.envs.config import MAX_SEED, EnvConfig, check_count, check_seed
 from bcg.envs.demo_replay import DemonstrationReplay
 from bcg.envs.draws import CounterDraws
+from bcg.envs.episode_rules import EpisodeRules
 from bcg.envs.grad_mask import RowGradMask
 from bcg.envs.instability import InstabilityGuard
 from bcg.envs.obs_noise import ObservationNoiseLayer
@@ -67,21 +67,6 @@ from bcg.motion.features import FeatureFn, Features
 from bcg.sim import ContactReport, default_physics
 
 __all__ = ["G1TrackingVectorEnv", "MAX_SEED"]
-
-MAX_SEED: int = 2**63 - 1
-"""Largest seed :meth:`G1TrackingVectorEnv.reset` accepts (seeds are integers in [0, MAX_SEED])."""
-
-
-def _check_seed(seed: Any) -> int | None:
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise TypeError(f"seed must be None or an integer in [0, {MAX_SEED}], got {seed!r} of type "
-                        f"{type(seed).__name__}")
-    if not 0 <= int(seed) <= MAX_SEED:
-        raise ValueError(f"seed must be an integer in [0, {MAX_SEED}] (2^63 - 1), got {int(seed)}")
-    return int(seed)
-
 
 class G1TrackingVectorEnv(VectorEnv):
     """Batched G1 motion tracking (``BCG-G1-{Run,Jump,Fight,Dance}-v0`` via ``gym.make_vec``).
@@ -126,18 +111,14 @@ class G1TrackingVectorEnv(VectorEnv):
         self.differentiable = bool(cfg.differentiable)
         self.render_mode = cfg.render_mode
         self.autoreset = bool(cfg.autoreset)
-        self.max_episode_steps = cfg.max_episode_steps
-        self.termination_height = float(cfg.termination_height)
-        self.termination_distance = float(cfg.termination_distance)
         self.ref_steps = int(cfg.ref_steps)
         self.transition_fn: TransitionFn = transition_fn if transition_fn is not None else simulator_step
         """The physics of one control step (replaceable; see :class:`~bcg.envs.transition.TransitionFn`)."""
 
         self.model = load_model(MJCF_PATH, device=str(cfg.device), **params)
         self.control_dt = self.model.params.control_dt
-        self.motion = self._load_motion(cfg.motion_file)
+        self.motion = env_motion(cfg.motion_file, cfg, self.model, self.device)
         self.domain_randomization = cfg.randomization
-        self.reward_fn = TrackingReward() if cfg.reward == "tracking" else cfg.reward
 
         m, nu, dev = self.model, self.model.nu, self.device
         f32 = dict(dtype=torch.float32, device=dev)
@@ -175,11 +156,8 @@ class G1TrackingVectorEnv(VectorEnv):
             raise RuntimeError(f"WarpObservation has {self._warp_obs.dim} entries, the layout {self.obs_dim}")
         self.guard = InstabilityGuard(cfg.state_limit, m.nq, m.nv, use_warp=cpu)
         """The instability guard: rows reset before the physics and ended after it (bcg.envs.instability)."""
-        self._warp_reward = WarpTrackingReward(self._ref, nu) if cpu else None
         self.draws = CounterDraws(use_warp=cpu)
         """The counter-based random draws of steps and resets (bcg.envs.draws)."""
-        self._step_outputs = (WarpStepOutputs(self._features.warp_kin, self._warp_obs, self._warp_reward,
-                                              self.num_frames) if cpu else None)
         self._warp = cpu
         # the optional layers of training aids, each its own component: start frames where episodes fail, replay of
         # drifted rows, deviation termination (None when off; docs/start_states_and_replay.md)
@@ -190,7 +168,13 @@ class G1TrackingVectorEnv(VectorEnv):
             DemonstrationReplay(cfg.replay_threshold) if cfg.replay_threshold is not None else None)
         deviation = DeviationTermination(self._ref, cfg.termination_anchor_height, cfg.termination_gravity_z,
                                          cfg.termination_end_effector_height)
-        self.deviation: DeviationTermination | None = deviation if deviation.active else None
+        warp_reward = WarpTrackingReward(self._ref, nu) if cpu else None
+        self.rules = EpisodeRules(
+            self._ref, self.num_frames, TrackingReward() if cfg.reward == "tracking" else cfg.reward,
+            cfg.termination_height, cfg.termination_distance, cfg.max_episode_steps,
+            deviation if deviation.active else None, warp_reward,
+            WarpStepOutputs(self._features.warp_kin, self._warp_obs, warp_reward, self.num_frames) if cpu else None)
+        """The reward and the termination and truncation rules (bcg.envs.episode_rules)."""
         width = torch.cat([torch.full((size,), cfg.observation_noise.half_width(name), **f32)
                            for name, size in self.observation_layout])
         self.obs_noise = ObservationNoiseLayer(width, self.draws, bool(self.domain_randomization.observation_noise))
@@ -219,25 +203,6 @@ class G1TrackingVectorEnv(VectorEnv):
         self._checked_bounds: tuple[float, float, float] | None = None
 
     # ------------------------------------------------------------------------------------------------ setup
-
-    def _load_motion(self, source: Any):
-        from bcg.motion import Motion, load_motion
-
-        cfg = self.config
-        if isinstance(source, Motion):
-            motion = source.to(self.device)
-        elif isinstance(source, (str, Path)):
-            motion = load_motion(source, fps=cfg.motion_fps, format=cfg.motion_format, control_dt=self.control_dt,
-                                 device=str(self.device), model=self.model)
-        else:
-            raise TypeError("motion_file must be a packaged clip name, a path or a bcg.motion.Motion, got "
-                            f"{type(source).__name__}")
-        if not math.isclose(motion.dt, self.control_dt, rel_tol=1e-6):
-            raise ValueError(f"the motion's frame period {motion.dt} s differs from the control period "
-                             f"{self.control_dt} s; load it with load_motion(..., control_dt={self.control_dt})")
-        if motion.num_frames < 2:
-            raise ValueError(f"the motion has {motion.num_frames} frames; at least 2 are needed")
-        return motion
 
     def _initial_state(self) -> EnvState:
         n, m, dev = self.num_envs, self.model, self.device
@@ -325,6 +290,7 @@ class G1TrackingVectorEnv(VectorEnv):
         self._features.enabled = self._warp
         self.draws.use_warp = self._warp
         self.starts.use_warp = self._warp
+        self.rules.use_warp = self._warp and self.rules.warp_reward is not None
 
     @property
     def feature_fn(self) -> FeatureFn:
@@ -343,7 +309,19 @@ class G1TrackingVectorEnv(VectorEnv):
 
     def ref_features(self, frame: torch.Tensor) -> Features:
         """Reference :class:`Features` at integer motion frames ``frame`` [N] (clamped to the clip)."""
-        return self._ref.rows(frame.clamp(0, self.num_frames - 1))
+        return self.rules.ref_features(frame)
+
+    # the rules' settings, readable and replaceable on the env (an agent installs its reward as env.reward_fn)
+    reward_fn = property(lambda self: self.rules.reward_fn, lambda self, v: setattr(self.rules, "reward_fn", v),
+                         doc="The reward callable (default TrackingReward).")
+    max_episode_steps = property(lambda self: self.rules.max_episode_steps,
+                                 lambda self, v: setattr(self.rules, "max_episode_steps", v),
+                                 doc="Step limit of an episode (None: the clip's end only).")
+    termination_height = property(lambda self: self.rules.termination_height,
+                                  doc="Pelvis height below which a row has fallen [m].")
+    termination_distance = property(lambda self: self.rules.termination_distance,
+                                    doc="Largest key-point distance to the reference before a row ends [m].")
+    deviation = property(lambda self: self.rules.deviation, doc="The deviation rules, or None when off.")
 
     # ------------------------------------------------------------------------------------------------ actions
 
@@ -384,14 +362,6 @@ class G1TrackingVectorEnv(VectorEnv):
     @state_limit.setter
     def state_limit(self, value: float) -> None:
         self.guard.state_limit = float(value)
-
-    def _one_launch_outputs(self, q1: torch.Tensor, qd1: torch.Tensor, actions: torch.Tensor, s: EnvState) -> bool:
-        """Whether a step's outputs can come from one launch (bcg.envs.warp_step): the Warp paths on, no autograd,
-        the plain default reward, no deviation rules, float32 CPU tensors."""
-        return (self._warp and not torch.is_grad_enabled() and type(self.reward_fn) is TrackingReward
-                and self.deviation is None
-                and q1.dtype == torch.float32
-                and WarpStepOutputs.accepts(q1, qd1, actions, s.prev_actions, s.frame, s.episode_steps))
 
     # ------------------------------------------------------------------------------------------------ observation
 
@@ -459,15 +429,11 @@ class G1TrackingVectorEnv(VectorEnv):
         else:
             q_in, qd_in, t_in = q0, qd0, targets
         q1, qd1, contact = self.transition_fn(self.model, q_in, qd_in, t_in, s.physics, env_ids=s.env_id, state=s)
-        if not any_bad_in and self._one_launch_outputs(q1, qd1, actions, s):
-            out = self._step_outputs(q1, qd1, actions, s.prev_actions, s.frame, s.episode_steps, self.reward_fn,
-                                     self.guard.launch_bounds(), self.termination_height, self.termination_distance,
-                                     self.max_episode_steps)
-            if out.num_bad == 0:  # else the general path below replaces the unstable rows first
-                nxt = dataclasses.replace(s, q=q1, qd=qd1, frame=out.frame, episode_steps=out.steps,
-                                          prev_actions=actions, delayed_actions=actions, push_countdown=countdown,
-                                          push_vel=push_vel)
-                return nxt, out.reward, out.terminated, out.truncated, contact, None, out.bad, out.fell, out.track, out
+        out = None if any_bad_in else self.rules.one_launch(q1, qd1, actions, s, self.guard.launch_bounds())
+        if out is not None and out.num_bad == 0:  # else the general path below replaces the unstable rows first
+            nxt = dataclasses.replace(s, q=q1, qd=qd1, frame=out.frame, episode_steps=out.steps, prev_actions=actions,
+                                      delayed_actions=actions, push_countdown=countdown, push_vel=push_vel)
+            return nxt, out.reward, out.terminated, out.truncated, contact, None, out.bad, out.fell, out.track, out
         bad = self.guard(q1, qd1)
         if any_bad_in:
             bad = bad_in | bad
@@ -481,41 +447,10 @@ class G1TrackingVectorEnv(VectorEnv):
         frame = s.frame + 1
         steps = s.episode_steps + 1
         sim = self._features(q1, qd1)
-        ctx = StepContext(actions, s.prev_actions, contact)
-        frame_c = frame.clamp(0, self.num_frames - 1)
-        fast = self._warp and WarpTrackingReward.accepts(self.reward_fn, sim, ctx)
-        ref = None  # the reference features of frame, gathered only for the torch paths
-        if fast:  # the default reward, reading the reference table inside the launch (bcg.envs.warp_reward)
-            reward = self._warp_reward(self.reward_fn, sim, frame_c, ctx)
-        else:
-            ref = self.ref_features(frame)
-            reward = self.reward_fn(sim, ref, ctx)
-        if reward.shape != (n,):
-            raise ValueError(f"the reward function returned shape {list(reward.shape)}, expected [{n}]")
-        if any_bad:
-            reward = torch.where(bad, torch.zeros_like(reward), reward)
-
-        with torch.no_grad():
-            fell = sim.root_pos_w[:, 2] < self.termination_height
-            track = None
-            if self._warp and WarpObservation.accepts(sim):
-                key_dist, track = self._warp_reward.metrics(sim, frame_c)
-            else:
-                ref = self.ref_features(frame) if ref is None else ref
-                key_dist = (sim.key_pos_w - ref.key_pos_w).norm(dim=-1).amax(1)
-                if tracking:  # E_track of docs/method.md §3.10: mean over bodies of the world position error
-                    track = (sim.body_pos_w - ref.body_pos_w).norm(dim=-1).mean(1)
-            far = key_dist > self.termination_distance
-            terminated = fell | far | bad
-            if self.deviation is not None:
-                terminated |= self.deviation(sim, frame_c)
-            truncated = frame >= self.num_frames - 1
-            if self.max_episode_steps is not None:
-                truncated |= steps >= self.max_episode_steps
-            truncated &= ~terminated
+        sig = self.rules(sim, frame, steps, StepContext(actions, s.prev_actions, contact), bad, any_bad, tracking)
         nxt = dataclasses.replace(s, q=q1, qd=qd1, frame=frame, episode_steps=steps, prev_actions=actions,
                                   delayed_actions=actions, push_countdown=countdown, push_vel=push_vel)
-        return nxt, reward, terminated, truncated, contact, sim, bad, fell, track, None
+        return nxt, sig.reward, sig.terminated, sig.truncated, contact, sim, bad, sig.fell, sig.tracking_error, None
 
     # ------------------------------------------------------------------------------------------------ API
 
@@ -526,7 +461,7 @@ class G1TrackingVectorEnv(VectorEnv):
         ``seed`` (an integer in [0, 2^63 - 1]) reseeds the environment; the same seed gives the same episodes on the
         same device.
         """
-        seed = _check_seed(seed)
+        seed = check_seed(seed)
         super().reset(seed=seed)
         if seed is not None:
             self._gen.manual_seed(seed)

@@ -79,8 +79,12 @@ class Estimator(abc.ABC):
 
     name = ""  # set by bcg.estimators.register (a class attribute, not a field)
 
+    _rt: _Runtime = dataclasses.field(default_factory=_Runtime, init=False, repr=False, compare=False)
+    """The mutable companion (inner transition function, generators, counters): not a hyperparameter, so not in
+    ``__init__``, the repr, comparisons or :meth:`spec`; a copy (``dataclasses.replace``) gets a fresh one."""
+
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_rt", _Runtime())
+        """Subclasses check their hyperparameters here (calling ``super().__post_init__()`` first)."""
 
     # ---------------------------------------------------------------------------------------- plugging in
 

@@ -209,6 +209,41 @@ def run_job(job: Job | dict[str, Any]) -> dict[str, Any]:
     return res
 
 
+def run_result(run_dir: str | Path) -> dict[str, Any]:
+    """The result dict of :func:`run_job` for a run trained and evaluated on its own (``bcg train`` then ``bcg evaluate
+    RUN``): method, clip, seed and kappa from its ``config.json`` (kappa: the simulator's default when the run did
+    not set one), the curve from its ``metrics.csv``, the transfer from ``eval/<clip>/metrics.json`` (``bcg evaluate``'s
+    default protocol) or else ``eval/metrics.json`` (a job of this grid). Raises a
+    one-line ``FileNotFoundError`` / ``ValueError`` for a folder that is not such a run."""
+    from bcg.sim import ContactParams
+
+    run = Path(run_dir)
+    cfg_path, csv_path = run / "config.json", run / "metrics.csv"
+    for path in (cfg_path, csv_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} not found: {run} is not a finished bcg train run")
+    cfg = json.loads(cfg_path.read_text())
+    clip = Path(str(cfg["motion"])).stem
+    # bcg evaluate's default protocol writes eval/CLIP/, a grid job of bcg compare eval/
+    found = [p for p in (run / "eval" / clip / "metrics.json", run / "eval" / "metrics.json") if p.is_file()]
+    if not found:
+        raise FileNotFoundError(f"{run / 'eval' / clip / 'metrics.json'} not found: evaluate the run first "
+                                f"(bcg evaluate {run})")
+    report_path = found[0]
+    report = json.loads(report_path.read_text())
+    est = cfg.get("estimator") or {}
+    method = "ppo" if cfg["agent"] == "ppo" else f"shac:{est.get('name', 'bptt')}"
+    kappa = cfg.get("kappa") if cfg.get("kappa") is not None else ContactParams().kappa
+    tr = {k: (_finite(v) if isinstance(v, float) else v) for k, v in report["mujoco"].items()}
+    tr.update(delta_d_mm=_finite(report["delta_d_mm"]), bcg_e_track_cm=_finite(report["bcg"]["e_track_cm"]),
+              bcg_falls=report["bcg"]["falls"])
+    return {"method": method, "label": method_label(method), "motion": clip, "seed": int(cfg["seed"]),
+            "kappa": float(kappa), "run_dir": str(run), "status": 0, "error": None,
+            "curve": {k: [_finite(v) for v in vals] for k, vals in read_curve(csv_path).items()},
+            "transfer": tr, "transfer_options": report["options"],
+            "seconds": {"train": cfg.get("max_time_s"), "transfer": None}}
+
+
 def make_jobs(methods: Sequence[str], motions: Sequence[str], seeds: Sequence[int], out: str | Path,
               **job_fields: Any) -> list[Job]:
     """The grid: one :class:`Job` per (method, motion, seed), in that nesting order. Checks the methods (unknown

@@ -23,7 +23,7 @@ Only bcg's public API is used: :class:`bcg.estimators.Estimator`, :func:`bcg.est
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import torch
@@ -92,6 +92,9 @@ class AOBG(Estimator):
     """Draw perturbations in pairs (w, -w) (needs an even ``branches``)."""
     seed: int = 0
     """Seed of the estimator's own generator (every perturbation is drawn from it)."""
+    _alpha_rt: dict = field(default_factory=lambda: {"total": AlphaStats(), "last": None}, init=False, repr=False,
+                            compare=False)
+    """Run-time companion beside the frozen fields (the base class keeps its own in ``_rt``): the alpha statistics."""
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -110,8 +113,6 @@ class AOBG(Estimator):
             raise ValueError(f"antithetic pairs need an even number of branches, got {self.branches}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
-        # run-time companions beside the frozen fields (the base class keeps its own in _rt)
-        object.__setattr__(self, "_alpha_rt", {"total": AlphaStats(), "last": None})
 
     # ---------------------------------------------------------------------------------------- alpha statistics
 
