@@ -83,7 +83,7 @@ class Estimator(abc.ABC):
     """The mutable companion (inner transition function, generators, counters): not a hyperparameter, so not in
     ``__init__``, the repr, comparisons or :meth:`spec`; a copy (``dataclasses.replace``) gets a fresh one."""
 
-    def __post_init__(self) -> None:
+    def __post_init__(self) -> None:  # noqa: B027 -- deliberately empty: the hook subclasses extend via super()
         """Subclasses check their hyperparameters here (calling ``super().__post_init__()`` first)."""
 
     # ---------------------------------------------------------------------------------------- plugging in
