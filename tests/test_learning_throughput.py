@@ -50,11 +50,11 @@ def test_the_timed_transition_still_reports_the_estimators_statistics() -> None:
 def test_instrumentation_times_the_parts_and_comes_off() -> None:
     from bcg.agents.shac import SHAC, SHACConfig
     from bcg.envs.config import EnvConfig
-    from bcg.sim import bridge
+    from bcg.sim import default_runtime
 
     agent = SHAC(SHACConfig(**TINY_SHAC), EnvConfig(motion_file="jump"))
-    fn = bridge._WarpControlStep
-    before = (vars(fn)["forward"], vars(fn)["backward"], agent.env.transition_fn, vars(agent.env).get("step"))
+    rt = default_runtime()
+    before = (rt.timer, agent.env.transition_fn, vars(agent.env).get("step"))
     clock = _Clock()
     with _instrumented(agent, clock):
         agent.train_iteration()
@@ -62,7 +62,7 @@ def test_instrumentation_times_the_parts_and_comes_off() -> None:
     assert {"sim_fwd", "sim_bwd", "env_step", "transition", "policy", "actor_update", "critic"} <= set(t)
     assert t["env_step"] >= t["transition"] >= t["sim_fwd"] > 0
     assert t["actor_update"] >= t["sim_bwd"] > 0
-    after = (vars(fn)["forward"], vars(fn)["backward"], agent.env.transition_fn, vars(agent.env).get("step"))
+    after = (rt.timer, agent.env.transition_fn, vars(agent.env).get("step"))
     assert after == before and "step" not in vars(agent.env) and "_fit_critics" not in vars(agent)
     assert clock.take() == {}
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from bcg.robots import g1
-from bcg.sim import step
-from bcg.sim.runtime import execution_options_set, kept_bytes
+from bcg.sim import ExecutionOptions, Runtime, step
+from bcg.sim.runtime import execution_options_set
 
 
 def _run(model, n: int, steps: int, **options):
@@ -18,15 +18,15 @@ def _run(model, n: int, steps: int, **options):
     qd = (0.1 * torch.randn(n, model.nv, generator=g)).requires_grad_(True)
     targets = (torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32)[None, None]
                + 0.1 * torch.randn(n, steps, model.nu, generator=g)).requires_grad_(True)
-    with execution_options_set(**options):
-        kept_bytes(reset_peak=True)
-        x, v, imp = q, qd, 0.0
-        for t in range(steps):
-            x, v, c = step(model, x, v, targets[:, t])
-            imp = imp + c.impulse.sum() + c.peak_force.sum() * 1e-3
-        held = kept_bytes()[0]
-        (x[:, 0].sum() + x[:, 2].sum() + x[:, 7:].sum() + v.sum() + imp).backward()
-    return [x.detach(), v.detach(), targets.grad, q.grad, qd.grad], held, kept_bytes()[0]
+    rt = Runtime(ExecutionOptions(**options))  # its own count: graphs other tests have not freed yet are not in it
+    x, v, imp = q, qd, 0.0
+    for t in range(steps):
+        x, v, c = step(model, x, v, targets[:, t], runtime=rt)
+        imp = imp + c.impulse.sum() + c.peak_force.sum() * 1e-3
+    held = rt.kept_bytes()[0]
+    (x[:, 0].sum() + x[:, 2].sum() + x[:, 7:].sum() + v.sum() + imp).backward()
+    rt.close()
+    return [x.detach(), v.detach(), targets.grad, q.grad, qd.grad], held, rt.kept_bytes()[0]
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -76,11 +76,11 @@ def test_checkpoint_inputs_are_copies(g1_model) -> None:
 def test_dropped_graph_gives_memory_back(g1_model) -> None:
     import gc
 
-    before = kept_bytes()[0]
+    rt = Runtime()  # its own count: graphs other tests left for the collector are not in it
     q = torch.tensor(g1.default_qpos(), dtype=torch.float32)[None].repeat(4, 1)
     t = torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32)[None].repeat(4, 1).requires_grad_(True)
-    out = step(g1_model, q, torch.zeros(4, g1_model.nv), t)
-    assert kept_bytes()[0] > before
+    out = step(g1_model, q, torch.zeros(4, g1_model.nv), t, runtime=rt)
+    assert rt.kept_bytes()[0] > 0
     del out
     gc.collect()
-    assert kept_bytes()[0] == before
+    assert rt.kept_bytes()[0] == 0

@@ -27,7 +27,8 @@ def test_same_seed_rollouts_are_bitwise_identical(g1_model):
 
     clear_pool(g1_model)
     a = rollout(3)  # fresh arrays
-    assert default_runtime().workspace(g1_model).grad_pool.get((3, False)), "backward should hand the step arrays back to the pool"
+    pool = default_runtime().workspace(g1_model).grad_pool
+    assert pool.get((3, False)), "backward should hand the step arrays back to the pool"
     b = rollout(3)  # arrays reused from the pool: stale values or gradients would show here
     for x, y in zip(a, b):
         assert torch.equal(x, y)

@@ -15,7 +15,7 @@ import warp as wp
 
 import bcg.sim.bridge as bridge
 from bcg.robots import g1
-from bcg.sim import step
+from bcg.sim import ExecutionOptions, Runtime, step
 from bcg.sim.engine import GradArrays, StepArrays, model_arrays, step_layout
 from bcg.sim.replay import Relocatable, pack
 from bcg.sim.runtime import clear_pool, default_runtime, execution_options_set
@@ -107,18 +107,17 @@ def test_step_keeps_its_values_only(g1_model) -> None:
     assert layout.nbytes / (n // 2) < 130.7 * 1024  # 130.3 KiB per environment and control step, measured (161.7
     # with dense H, L and L_tmp; 140.4 before the joint-limit guard's arrays)
 
-    clear_pool(g1_model)
+    rt = Runtime(ExecutionOptions(threads=2))  # its own pools and count, whatever other tests left pending
     q, qd, targets = _inputs(g1_model, n, steps, seed=0)
     targets.requires_grad_(True)
-    with execution_options_set(threads=2):
-        bridge.kept_bytes(reset_peak=True)
-        x, v = q, qd
-        for t in range(steps):
-            x, v, _ = step(g1_model, x, v, targets[:, t])
-        assert bridge.kept_bytes()[0] == steps * 2 * layout.nbytes
-        x[:, 2].sum().backward()
-    assert bridge.kept_bytes()[0] == 0
-    cache = default_runtime().workspace(g1_model)
+    x, v = q, qd
+    for t in range(steps):
+        x, v, _ = step(g1_model, x, v, targets[:, t], runtime=rt)
+    assert rt.kept_bytes()[0] == steps * 2 * layout.nbytes
+    x[:, 2].sum().backward()
+    assert rt.kept_bytes()[0] == 0
+    rt.close()
+    cache = rt.workspace(g1_model)
     assert len(cache.grad_pool[(n // 2, False)]) == 2 * steps  # the value sets, back in the pool
     assert sum(len(v) for v in cache.grad_sets.values()) == 2  # one gradient set per block, not per step
 
@@ -143,6 +142,11 @@ def test_kept_bytes_n64_x32_rollout(g1_model) -> None:
     assert kept <= 350 * MIB
 
 
+def _recorded(model, arrs, adjoint: bool) -> list:
+    """The step's launches recorded on ``arrs`` with the process runtime's workspace of ``model``."""
+    return bridge._recorded(model, default_runtime().workspace(model), arrs, adjoint=adjoint)
+
+
 def _packed_bytes(launch) -> tuple[bytes, bytes | None]:
     return bytes(launch.args), None if launch.adj_args is None else bytes(launch.adj_args)
 
@@ -151,7 +155,7 @@ def _packed_adjoint(model, arrs, grads) -> list:
     """The packed adjoint launches of ``arrs`` recorded with ``grads`` as the arrays' ``.grad``."""
     arrs.attach_grads(grads)
     try:
-        return [pack(c) for c in bridge._recorded(model, default_runtime().workspace(model), arrs, adjoint=True)]
+        return [pack(c) for c in _recorded(model, arrs, adjoint=True)]
     finally:
         arrs.attach_grads(None)
 
@@ -163,8 +167,8 @@ def test_relocated_launches_equal_warp_packing(g1_model) -> None:
     n = 3
     a, b = (StepArrays(g1_model, n, requires_grad=True, grads="pooled") for _ in range(2))
     ga, gb = (GradArrays(a.layout, g1_model.device) for _ in range(2))
-    fwd_a = [pack(c) for c in bridge._recorded(g1_model, default_runtime().workspace(g1_model), a, adjoint=False)]
-    fwd_b = [pack(c) for c in bridge._recorded(g1_model, default_runtime().workspace(g1_model), b, adjoint=False)]
+    fwd_a = [pack(c) for c in _recorded(g1_model, a, adjoint=False)]
+    fwd_b = [pack(c) for c in _recorded(g1_model, b, adjoint=False)]
     assert len(fwd_a) == 8 * g1_model.params.substeps
     moved = Relocatable(fwd_a, [(a.ptr, a.layout.nbytes)]).at([b.ptr - a.ptr])
     for pa, pb, pm in zip(fwd_a, fwd_b, moved, strict=True):
@@ -194,9 +198,9 @@ def test_relocated_calls_compute_what_the_sets_own_launches_compute(g1_model) ->
         for launch in launches:
             launch()
 
-    moved = Relocatable([pack(c) for c in bridge._recorded(g1_model, default_runtime().workspace(g1_model), a, adjoint=False)],
+    moved = Relocatable([pack(c) for c in _recorded(g1_model, a, adjoint=False)],
                         [(a.ptr, a.layout.nbytes)]).calls([b.ptr - a.ptr])
-    own = [p.call for p in (pack(c) for c in bridge._recorded(g1_model, default_runtime().workspace(g1_model), b, adjoint=False))]
+    own = [p.call for p in (pack(c) for c in _recorded(g1_model, b, adjoint=False))]
     results, outputs = [], []
     for launches in (moved, own):
         run(launches)

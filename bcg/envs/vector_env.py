@@ -8,8 +8,9 @@ Shape of the environment (see ``docs/envs.md``):
   (observation noise, pushes and the draws of autoresets are functions of the state's per-row ``rng_key``).
 * **Pure transition.** :meth:`G1TrackingVectorEnv.transition` ``(state, actions) -> (next_state, reward,
   terminated, truncated, contact)`` does one control step of any batch of rows (e.g. a state repeated into B
-  branches) with no hidden randomness and no side effect. :meth:`~G1TrackingVectorEnv.step` wraps it with the
-  instability guard, autoreset, observation noise and the info dict.
+  branches) with no hidden randomness and no side effect (``env.core``, :class:`~bcg.envs.step_core.TrackingCore`).
+  :meth:`~G1TrackingVectorEnv.step` wraps it with the instability guard, autoreset, observation noise and the info
+  dict.
 * **Optional layers**, each its own component and off by default (``docs/start_states_and_replay.md``): start frames
   drawn where episodes fail (:class:`~bcg.envs.start_sampling.AdaptiveStartSampler`, used by the resets), replay of
   rows that drifted from the reference (:class:`~bcg.envs.demo_replay.DemonstrationReplay`, after the transition in
@@ -34,7 +35,7 @@ same observation noise; their noise-free versions are ``info["critic_obs"]`` and
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -49,14 +50,14 @@ from bcg.envs.config import MAX_SEED, EnvConfig, check_count, check_seed
 from bcg.envs.demo_replay import DemonstrationReplay
 from bcg.envs.draws import CounterDraws
 from bcg.envs.episode_rules import EpisodeRules
-from bcg.envs.grad_mask import RowGradMask
 from bcg.envs.instability import InstabilityGuard
 from bcg.envs.obs_noise import ObservationNoiseLayer
 from bcg.envs.observations import ReferenceTable, observation, observation_layout
 from bcg.envs.resets import EpisodeStarts
-from bcg.envs.rewards import StepContext, TrackingReward
+from bcg.envs.rewards import TrackingReward
 from bcg.envs.start_sampling import AdaptiveStartSampler
 from bcg.envs.state import EnvState
+from bcg.envs.step_core import TrackingCore
 from bcg.envs.termination import DeviationTermination
 from bcg.envs.transition import TransitionFn, simulator_step
 from bcg.envs.warp_features import WarpFeatureFn
@@ -67,6 +68,12 @@ from bcg.motion.features import FeatureFn, Features
 from bcg.sim import ContactReport, default_physics
 
 __all__ = ["G1TrackingVectorEnv", "MAX_SEED"]
+
+def _reference_pose(ref_qpos: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``frame [M] -> q [M, nq]``: the clip's pose at each (clamped) frame, where an unstable row is put at rest."""
+    last = ref_qpos.shape[0] - 1
+    return lambda frame: ref_qpos[frame.clamp(0, last)]
+
 
 class G1TrackingVectorEnv(VectorEnv):
     """Batched G1 motion tracking (``BCG-G1-{Run,Jump,Fight,Dance}-v0`` via ``gym.make_vec``).
@@ -112,8 +119,6 @@ class G1TrackingVectorEnv(VectorEnv):
         self.render_mode = cfg.render_mode
         self.autoreset = bool(cfg.autoreset)
         self.ref_steps = int(cfg.ref_steps)
-        self.transition_fn: TransitionFn = transition_fn if transition_fn is not None else simulator_step
-        """The physics of one control step (replaceable; see :class:`~bcg.envs.transition.TransitionFn`)."""
 
         self.model = load_model(MJCF_PATH, device=str(cfg.device), **params)
         self.control_dt = self.model.params.control_dt
@@ -194,6 +199,12 @@ class G1TrackingVectorEnv(VectorEnv):
                                     self._observe, self.domain_randomization, self._default_physics, self.control_dt,
                                     self.draws, self.start_sampler, use_warp=cpu)
         """Where and how rows start new episodes (bcg.envs.resets)."""
+        self.core = TrackingCore(
+            m, self._actions, self._target_base, self.guard, self._features, self.rules,
+            self.starts.push_draw if self.domain_randomization.push_interval is not None else None,
+            _reference_pose(self._ref_qpos),
+            transition_fn if transition_fn is not None else simulator_step)
+        """The pure step of any batch of rows (bcg.envs.step_core), which :meth:`step` wraps with its layers."""
         self._state = self._initial_state()
         self._gen = torch.Generator(device=dev)
         self._gen.manual_seed(int(np.random.default_rng().integers(2**62)))
@@ -378,6 +389,15 @@ class G1TrackingVectorEnv(VectorEnv):
 
     # ------------------------------------------------------------------------------------------------ transition
 
+    @property
+    def transition_fn(self) -> TransitionFn:
+        """The physics of one control step (replaceable; see :class:`~bcg.envs.transition.TransitionFn`)."""
+        return self.core.transition_fn
+
+    @transition_fn.setter
+    def transition_fn(self, fn: TransitionFn) -> None:
+        self.core.transition_fn = fn
+
     def transition(self, state: EnvState, actions: torch.Tensor
                    ) -> tuple[EnvState, torch.Tensor, torch.Tensor, torch.Tensor, ContactReport]:
         """One control step of any batch of rows: ``(next_state, reward [M], terminated [M], truncated [M], contact)``.
@@ -386,71 +406,11 @@ class G1TrackingVectorEnv(VectorEnv):
         state's keys. Autograd follows torch's grad mode (this method does not switch it). A row whose state is
         unstable (non-finite, |q| > state_limit, |qd| > MAX_SPEED) before or after the physics is not passed on:
         it ends terminated with reward 0, its gradient is blocked, and its next state is its reference pose at rest.
-        ``terminated`` includes the deviation rules when they are on (``env.deviation``).
+        ``terminated`` includes the deviation rules when they are on (``env.deviation``). See
+        :class:`~bcg.envs.step_core.TrackingCore`.
         """
-        nxt, reward, terminated, truncated, contact, *_ = self._transition(state, actions)
-        return nxt, reward, terminated, truncated, contact
-
-    def _transition(self, s: EnvState, actions: torch.Tensor, stable: torch.Tensor | None = None,
-                    tracking: bool = False):
-        # stable: the [N] all-False result of self._unstable(s) when the caller has it (saves a second check);
-        # tracking: also return the E_track distances [N] (else None)
-        n, nv, dr = s.num_envs, self.model.nv, self.domain_randomization
-        if tuple(actions.shape) != (n, self.model.nu):
-            raise ValueError(f"actions must have shape {[n, self.model.nu]} (one row per state row), got "
-                             f"{list(actions.shape)}")
-        # action latency: an environment with latency applies the previous step's action
-        applied = torch.where(s.latency[:, None], s.delayed_actions, actions)
-        targets = self._actions.to_target(applied, self._target_base(s.joint_offset, s.frame, 1))
-
-        q0, qd0 = s.q, s.qd
-        countdown, push_vel = s.push_countdown, s.push_vel
-        if dr.push_interval is not None:
-            push = countdown == 0
-            dv = torch.where(push[:, None], push_vel, torch.zeros_like(push_vel))
-            qd0 = qd0 + torch.cat([dv, torch.zeros(n, nv - 6, device=dv.device)], 1).detach()
-            new_count, new_vel = self.starts.push_draw(s.rng_key, s.episode_steps + 1)
-            countdown = torch.where(push, new_count, countdown) - 1
-            push_vel = torch.where(push[:, None], new_vel, push_vel)
-
-        # rows with an unusable state never reach the simulator (it refuses |qd| > MAX_SPEED)
-        if stable is not None and qd0 is s.qd:  # the caller has just checked this very state (no push in between)
-            bad_in, any_bad_in = stable, False
-        else:
-            bad_in = self._unstable(dataclasses.replace(s, qd=qd0))
-            any_bad_in = bool(bad_in.any())
-        if any_bad_in:
-            safe_q = self._ref_qpos[s.frame.clamp(0, self.num_frames - 1)]
-            q0 = torch.where(bad_in[:, None], safe_q, q0.detach())
-            qd0 = torch.where(bad_in[:, None], torch.zeros_like(qd0), qd0)
-        holder: dict = {}
-        if torch.is_grad_enabled():
-            q_in, qd_in, t_in = (RowGradMask.apply(x, holder) for x in (q0, qd0, targets))
-        else:
-            q_in, qd_in, t_in = q0, qd0, targets
-        q1, qd1, contact = self.transition_fn(self.model, q_in, qd_in, t_in, s.physics, env_ids=s.env_id, state=s)
-        out = None if any_bad_in else self.rules.one_launch(q1, qd1, actions, s, self.guard.launch_bounds())
-        if out is not None and out.num_bad == 0:  # else the general path below replaces the unstable rows first
-            nxt = dataclasses.replace(s, q=q1, qd=qd1, frame=out.frame, episode_steps=out.steps, prev_actions=actions,
-                                      delayed_actions=actions, push_countdown=countdown, push_vel=push_vel)
-            return nxt, out.reward, out.terminated, out.truncated, contact, None, out.bad, out.fell, out.track, out
-        bad = self.guard(q1, qd1)
-        if any_bad_in:
-            bad = bad_in | bad
-        holder["drop"] = bad
-        any_bad = bool(bad.any())
-        if any_bad:
-            safe_q = self._ref_qpos[s.frame.clamp(0, self.num_frames - 1)]
-            q1 = torch.where(bad[:, None], safe_q, q1)
-            qd1 = torch.where(bad[:, None], torch.zeros_like(qd1), qd1)
-
-        frame = s.frame + 1
-        steps = s.episode_steps + 1
-        sim = self._features(q1, qd1)
-        sig = self.rules(sim, frame, steps, StepContext(actions, s.prev_actions, contact), bad, any_bad, tracking)
-        nxt = dataclasses.replace(s, q=q1, qd=qd1, frame=frame, episode_steps=steps, prev_actions=actions,
-                                  delayed_actions=actions, push_countdown=countdown, push_vel=push_vel)
-        return nxt, sig.reward, sig.terminated, sig.truncated, contact, sim, bad, sig.fell, sig.tracking_error, None
+        r = self.core(state, actions)
+        return r.state, r.reward, r.terminated, r.truncated, r.contact
 
     # ------------------------------------------------------------------------------------------------ API
 
@@ -521,26 +481,26 @@ class G1TrackingVectorEnv(VectorEnv):
         if any_unstable:  # reset before the simulator sees the state, so training never raises
             idx = unstable.nonzero().flatten()
             s = self.starts.reset_rows(s, idx, self.draws.next_keys(s.rng_key[idx]))
-        nxt, reward, terminated, truncated, contact, sim, bad, fell, tracking_error, fused = self._transition(
-            s, actions, stable=None if any_unstable else unstable, tracking=True)
-        if fused is None:
-            obs, done = self._observe(sim, nxt.frame), terminated | truncated
-            num_bad, any_done = int(bad.sum()), None
+        r = self.core(s, actions, stable=None if any_unstable else unstable, tracking=True)
+        nxt, reward, terminated, truncated, contact = r.state, r.reward, r.terminated, r.truncated, r.contact
+        if r.fused is None:
+            obs, done = self._observe(r.features, nxt.frame), terminated | truncated
+            num_bad, any_done = int(r.unstable.sum()), None
         else:  # the one-launch path (bcg.envs.warp_step) made them already
-            obs, done, num_bad, any_done = fused.obs, fused.done, fused.num_bad, fused.num_done > 0
+            obs, done, num_bad, any_done = r.fused.obs, r.fused.done, r.fused.num_bad, r.fused.num_done > 0
         replayed = None
         if self.replay is not None:
-            nxt, obs, replayed = self.replay(nxt, obs, tracking_error, done, self.starts.table())
+            nxt, obs, replayed = self.replay(nxt, obs, r.tracking_error, done, self.starts.table())
         if self.start_sampler is not None:
             self.start_sampler.record(terminated, nxt.frame)
         num_unstable = (int(unstable.sum()) if any_unstable else 0) + num_bad
         self.nonfinite_count += num_unstable
         info: dict[str, Any] = {
-            "nonfinite": bad,
+            "nonfinite": r.unstable,
             "unstable_reset": unstable,
             "num_unstable": num_unstable,
-            "fell": fell,
-            "tracking_error": tracking_error,
+            "fell": r.fell,
+            "tracking_error": r.tracking_error,
             "frame": nxt.frame.clone(),
             "contact_impulse": contact.impulse,
             "contact_peak_force": contact.peak_force,

@@ -20,8 +20,8 @@ the critic's arithmetic were free.
 PPO is split into SB3's rollout and its ``train()``, and compared with the env's own steps per second without
 gradients at the same number of environments.
 
-The timers wrap the simulator's autograd function and the agent's parts for the duration of the measurement only
-(:func:`_instrumented`), and cost a few microseconds per call.
+The timers are the simulator runtime's (``bcg.sim.Runtime.timer``) and wrappers of the agent's parts, for the
+duration of the measurement only (:func:`_instrumented`); they cost a few microseconds per call.
 
     bcg bench --learning                          # cpu-small and paper, bptt / bcg / PPO (about 10 minutes)
     python -m bcg.evaluation.learning_throughput --presets cpu-small --methods bptt bcg --iterations 4
@@ -86,9 +86,10 @@ class _Timed:
 
 @contextlib.contextmanager
 def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
-    """Set ``obj.name = value`` for the block (instance attribute or class attribute), then restore it."""
-    had = name in vars(obj)
-    old = vars(obj)[name] if had else None
+    """Set ``obj.name = value`` for the block (instance attribute, settable property or class attribute), then
+    restore it."""
+    had = name in vars(obj) or isinstance(getattr(type(obj), name, None), property)
+    old = getattr(obj, name) if had else None
     setattr(obj, name, value)
     try:
         yield
@@ -103,13 +104,11 @@ def _patched(obj: Any, name: str, value: Any) -> Iterator[None]:
 def _instrumented(agent: Any, clock: _Clock) -> Iterator[None]:
     """Time the simulator's autograd function, the env step, its transition function, the actor's forward and the
     agent's update parts (SHAC) while the block runs."""
-    from bcg.sim import bridge
+    from bcg.sim import default_runtime
 
-    fn = bridge._WarpControlStep
-    fwd, bwd = fn.forward, fn.backward
     with contextlib.ExitStack() as stack:
-        stack.enter_context(_patched(fn, "forward", staticmethod(clock.wrap("sim_fwd", fwd))))
-        stack.enter_context(_patched(fn, "backward", staticmethod(clock.wrap("sim_bwd", bwd))))
+        stack.enter_context(_patched(default_runtime(), "timer",
+                                     lambda kind, dt: clock.add("sim_fwd" if kind == "forward" else "sim_bwd", dt)))
         env = agent.env
         stack.enter_context(_patched(env, "step", clock.wrap("env_step", env.step)))
         stack.enter_context(_patched(env, "transition_fn", clock.wrap("transition", env.transition_fn)))

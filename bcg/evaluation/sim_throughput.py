@@ -80,6 +80,7 @@ def rollout_time(model, n: int, steps: int, grad: bool, **options: object) -> tu
     if grad:
         targets.requires_grad_(True)
     kept = 0
+    pending = kept_bytes()[0]  # held by graphs of earlier callers not yet freed: not this rollout's
     with execution_options_set(**options):
         _sync(dev)
         t0 = time.perf_counter()
@@ -87,7 +88,7 @@ def rollout_time(model, n: int, steps: int, grad: bool, **options: object) -> tu
             for t in range(steps):
                 q, qd, _ = step(model, q, qd, targets[:, t])
             if grad:
-                kept = kept_bytes()[0]
+                kept = kept_bytes()[0] - pending
                 (q[:, 2].sum() + q[:, 7:].sum()).backward()
         _sync(dev)
     return time.perf_counter() - t0, kept

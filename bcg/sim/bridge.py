@@ -14,6 +14,7 @@ bit-identical whatever the options.
 from __future__ import annotations
 
 import contextlib
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -372,6 +373,7 @@ class _WarpControlStep(torch.autograd.Function):
     @staticmethod
     def forward(ctx, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,  # type: ignore[override]
                 physics: Physics | None, rt: Runtime, options: ExecutionOptions):
+        t0 = time.perf_counter() if rt.timer is not None else 0.0
         grad = any(ctx.needs_input_grad[1:4])
         keep = grad and not options.checkpoint  # stored forward: the arrays live until the backward
         blocks = split_rows(q.shape[0], thread_count(options, q.shape[0], model.device))
@@ -404,6 +406,8 @@ class _WarpControlStep(torch.autograd.Function):
             # a graph dropped without a backward frees what it kept too: count that as given back
             ctx.release = weakref.finalize(ctx, rt.keep, -ctx.kept)
         ctx.mark_non_differentiable(outs[3])
+        if rt.timer is not None:
+            rt.timer("forward", time.perf_counter() - t0)
         return tuple(outs)
 
     @staticmethod
@@ -414,6 +418,7 @@ class _WarpControlStep(torch.autograd.Function):
         ctx.done = True
         ctx.release()
         model, rt, ws, blocks = ctx.model, ctx.rt, ctx.ws, ctx.blocks
+        t0 = time.perf_counter() if rt.timer is not None else 0.0
         arrs = ctx.arrs
         ctx.arrs = None
 
@@ -445,6 +450,8 @@ class _WarpControlStep(torch.autograd.Function):
             release_grads(model, g, ws)
             release_step(model, a, ws)
         ctx.inputs = None
+        if rt.timer is not None:
+            rt.timer("backward", time.perf_counter() - t0)
         return (None, *out, None, None, None)
 
 

@@ -92,6 +92,9 @@ class Runtime:
         """Per-column bounds of the input checks, by (widths, has qd, speed bounded, device)."""
         self._kept = 0
         self._kept_peak = 0
+        self.timer: Callable[[str, float], None] | None = None
+        """Called as ``timer("forward" | "backward", seconds)`` after each step's autograd forward and backward pass
+        when set (profiling: ``bcg bench --learning`` times the simulator's share of an iteration with it)."""
 
     # -- execution options -------------------------------------------------------------------------------------
 
