@@ -41,6 +41,21 @@ def test_scores_are_an_exponential_average_of_failures_per_step() -> None:
     assert s.scores.tolist() == [0.0, 0.28125, 0.0, 0.0, 0.140625 + 0.25]
 
 
+def test_start_credit_counts_failures_where_their_episodes_began() -> None:
+    """credit="start": a failure counts to the bin of its episode's start frame, not of the frame it ended at."""
+    s = sampler(alpha=0.25, credit="start")
+    failed = torch.tensor([True, True, False, True])
+    frames = torch.tensor([140, 99, 10, 240])  # ended in bins 2, 1, -, 4
+    starts = torch.tensor([0, 60, 5, 210])  # began in bins 0, 1, -, 4
+    s.record(failed, frames, starts)
+    assert s.scores.tolist() == [0.25, 0.25, 0.0, 0.0, 0.25]
+    with pytest.raises(ValueError, match="needs the episodes' start frames"):
+        s.record(failed, frames)
+    end = sampler(alpha=0.25)
+    end.record(failed, frames, starts)  # the default ignores the starts
+    assert end.scores.tolist() == [0.0, 0.25, 0.25, 0.0, 0.25]
+
+
 def test_probabilities_follow_failures_and_keep_the_floor() -> None:
     s = sampler(uniform_floor=0.1)
     s.record(torch.tensor([True, True, True, False]), torch.tensor([120, 130, 210, 0]))  # bin 2 twice, bin 4 once
@@ -89,7 +104,8 @@ def test_state_dict_round_trip_and_mismatch() -> None:
 
 
 @pytest.mark.parametrize("kw, match", [(dict(alpha=0.0), "alpha"), (dict(uniform_floor=1.5), "uniform_floor"),
-                                       (dict(bin_seconds=-1.0), "bin_seconds"), (dict(num_frames=1), "num_frames")])
+                                       (dict(bin_seconds=-1.0), "bin_seconds"), (dict(num_frames=1), "num_frames"),
+                                       (dict(credit="middle"), "credit")])
 def test_bad_options_are_refused(kw, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         sampler(**kw)
@@ -120,6 +136,25 @@ def test_env_records_its_failures_and_restarts_them_in_the_failed_bin(motion_pat
     assert env.start_sampler.scores.tolist() == [0.0, 0.0, 1.0, 0.0]
     new = env.frame[:2]
     assert ((new >= 100) & (new < 150)).all() and env.frame[2:].tolist() == [11, 21]
+
+
+def test_env_start_credit_counts_the_episode_start(motion_path) -> None:
+    """With adaptive_start_credit="start" the env hands the sampler each row's start frame (frame - episode steps):
+    rows that began at frames 20 and 30 and fall 101 steps later count to bin 0, not to bin 2 where they fell."""
+    env = G1TrackingVectorEnv(4, str(motion_path), adaptive_start=True, adaptive_start_floor=0.0,
+                              adaptive_start_alpha=0.5, adaptive_start_credit="start")
+    env.reset(seed=0)
+    s = env.state
+    low = s.q.clone()
+    low[:2, 2] = 0.1
+    env.load_state(dataclasses.replace(s, q=low, frame=torch.tensor([120, 130, 10, 20]),
+                                       episode_steps=torch.tensor([100, 100, 0, 0])))
+    _, _, term, _, _ = env.step(torch.zeros(4, 29))
+    assert term.tolist() == [True, True, False, False]
+    assert env.start_sampler.scores.tolist() == [1.0, 0.0, 0.0, 0.0]
+    assert (env.frame[:2] < 50).all()  # floor 0: the new episodes start in bin 0
+    with pytest.raises(ValueError, match="adaptive_start_credit"):
+        G1TrackingVectorEnv(1, str(motion_path), adaptive_start=True, adaptive_start_credit="end-ish")
 
 
 def test_env_start_frames_follow_the_sampler(motion_path) -> None:

@@ -201,6 +201,9 @@ class TrainConfig:
     """Weight of the newest step in the per-bin failure average, in (0, 1]."""
     adaptive_start_floor: float = 0.1
     """Share of uniformly drawn start frames with adaptive start sampling, in [0, 1]."""
+    adaptive_start_credit: Literal["end", "start"] = "end"
+    """Which bin a failed episode counts to: where it ended (BeyondMimic's rule) or where it started (more starts
+    where episodes begin that drift and fall seconds later; docs/start_states_and_replay.md)."""
     replay_threshold: float | None = None
     """Demonstration replay: put rows whose tracking error exceeds this [m] back on the reference, cutting their
     gradient there (DiffMimic: 0.2 run, 0.4 jump / dance; None: off)."""

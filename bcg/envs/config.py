@@ -29,7 +29,8 @@ replay of a policy uses them (:meth:`EnvConfig.sim_params` maps them onto :class
 
 LAYER_FIELDS: tuple[str, ...] = (
     "termination_anchor_height", "termination_gravity_z", "termination_end_effector_height", "adaptive_start",
-    "adaptive_start_bin_s", "adaptive_start_alpha", "adaptive_start_floor", "replay_threshold")
+    "adaptive_start_bin_s", "adaptive_start_alpha", "adaptive_start_floor", "adaptive_start_credit",
+    "replay_threshold")
 """The EnvConfig fields of the optional training layers (deviation termination, adaptive start sampling,
 demonstration replay), all off by default; ``bcg train`` has an option of the same name for each."""
 
@@ -158,6 +159,9 @@ class EnvConfig:
     """Weight of the newest control step in the per-bin exponential average of failures, in (0, 1]."""
     adaptive_start_floor: float = 0.1
     """Share of the start frames drawn uniformly over the clip when adaptive start sampling is on, in [0, 1]."""
+    adaptive_start_credit: Literal["end", "start"] = "end"
+    """Which bin a failed episode counts to in adaptive start sampling: where it ended (BeyondMimic's rule) or where
+    it started (more starts where episodes begin that drift and fall seconds later)."""
     replay_threshold: float | None = None
     """Demonstration replay: after a step, rows whose tracking error exceeds this [m] are put back on the reference
     state of their frame, which also cuts their gradient to earlier steps (DiffMimic: 0.2 run, 0.4 jump / dance;
@@ -205,6 +209,8 @@ class EnvConfig:
             raise ValueError(f"adaptive_start_alpha must be a number in (0, 1], got {self.adaptive_start_alpha!r}")
         if not (_real(self.adaptive_start_floor) and 0 <= self.adaptive_start_floor <= 1):
             raise ValueError(f"adaptive_start_floor must be a number in [0, 1], got {self.adaptive_start_floor!r}")
+        if self.adaptive_start_credit not in ("end", "start"):
+            raise ValueError(f"adaptive_start_credit must be 'end' or 'start', got {self.adaptive_start_credit!r}")
         if not isinstance(self.adaptive_start, bool):
             raise TypeError(f"adaptive_start must be a bool, got {self.adaptive_start!r}")
         if self.state_limit <= 0 or self.termination_distance <= 0:

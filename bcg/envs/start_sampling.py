@@ -8,8 +8,10 @@ frame picks a bin with probability
     p_b = (1 - floor) * score_b / sum(score) + floor * width_b / W
 
 (``width_b`` the bin's frames, ``W`` all start frames; the uniform part alone while no failure has been recorded), then
-a frame uniformly inside the bin. The floor keeps every part of the clip visited. The failure attributed to a bin is
-where the episode ended, not where it started (as BeyondMimic's adaptive sampling does).
+a frame uniformly inside the bin. The floor keeps every part of the clip visited. By default a failure counts to the
+bin where the episode ended (as BeyondMimic's adaptive sampling does); with ``credit="start"`` to the bin where it
+started, so that a part of the clip from which episodes drift and fall seconds later starts more often, even when
+episodes started later, on the reference, pass the place of the fall without trouble.
 
 The sampler only turns uniform numbers into frames: the environment feeds it its counter-based per-row draws, so a
 reset stays a function of the row's key; :meth:`AdaptiveStartSampler.sample` draws from a ``torch.Generator``. The
@@ -41,10 +43,11 @@ class AdaptiveStartSampler:
         alpha: weight of the newest step in the exponential average of failures per bin, in (0, 1].
         uniform_floor: share of the draws that are uniform over the start frames, in [0, 1].
         device: where the scores live (that of the frames it receives).
+        credit: ``"end"``: a failure counts to the bin where the episode ended; ``"start"``: where it started.
     """
 
     def __init__(self, num_frames: int, control_dt: float, bin_seconds: float = 1.0, alpha: float = 0.001,
-                 uniform_floor: float = 0.1, device: torch.device | str = "cpu"):
+                 uniform_floor: float = 0.1, device: torch.device | str = "cpu", credit: str = "end"):
         if isinstance(num_frames, bool) or not isinstance(num_frames, numbers.Integral) or num_frames < 2:
             raise ValueError(f"num_frames must be an integer >= 2, got {num_frames!r}")
         for name, v in (("control_dt", control_dt), ("bin_seconds", bin_seconds)):
@@ -54,6 +57,10 @@ class AdaptiveStartSampler:
             raise ValueError(f"alpha must be a number in (0, 1], got {alpha!r}")
         if not (isinstance(uniform_floor, numbers.Real) and 0.0 <= uniform_floor <= 1.0):
             raise ValueError(f"uniform_floor must be a number in [0, 1], got {uniform_floor!r}")
+        if credit not in ("end", "start"):
+            raise ValueError(f"credit must be 'end' or 'start', got {credit!r}")
+        self.credit = credit
+        """Which frame of a failed episode picks its bin: where it ended or where it started."""
         self.num_starts = int(num_frames) - 1
         """W: start frames [0, W - 1]."""
         self.bin_frames = max(1, round(float(bin_seconds) / float(control_dt)))
@@ -100,9 +107,14 @@ class AdaptiveStartSampler:
         return self.frames_from_uniform(torch.floor(u * float(1 << _BITS)) / float(1 << _BITS))
 
     @torch.no_grad()
-    def record(self, failed: torch.Tensor, frames: torch.Tensor) -> None:
+    def record(self, failed: torch.Tensor, frames: torch.Tensor, starts: torch.Tensor | None = None) -> None:
         """One control step of the environments: ``failed`` [N] bool (episodes that terminated, a fall or another
-        termination rule) at motion frames ``frames`` [N] long. Every call is one step of the average."""
+        termination rule) at motion frames ``frames`` [N] long, the episodes having started at frames ``starts``
+        [N] long (needed with ``credit="start"``). Every call is one step of the average."""
+        if self.credit == "start":
+            if starts is None:
+                raise ValueError("credit='start' needs the episodes' start frames (record(failed, frames, starts))")
+            frames = starts
         counts = torch.bincount(self.bin_of(frames[failed]), minlength=self.num_bins).to(torch.float64)
         self.scores = (1.0 - self.alpha) * self.scores + self.alpha * counts
 

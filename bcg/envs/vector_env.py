@@ -168,7 +168,8 @@ class G1TrackingVectorEnv(VectorEnv):
         # drifted rows, deviation termination (None when off; docs/start_states_and_replay.md)
         self.start_sampler: AdaptiveStartSampler | None = (
             AdaptiveStartSampler(self.num_frames, self.control_dt, cfg.adaptive_start_bin_s, cfg.adaptive_start_alpha,
-                                 cfg.adaptive_start_floor, dev) if cfg.adaptive_start else None)
+                                 cfg.adaptive_start_floor, dev, cfg.adaptive_start_credit)
+            if cfg.adaptive_start else None)
         self.replay: DemonstrationReplay | None = (
             DemonstrationReplay(cfg.replay_threshold) if cfg.replay_threshold is not None else None)
         deviation = DeviationTermination(self._ref, cfg.termination_anchor_height, cfg.termination_gravity_z,
@@ -492,7 +493,7 @@ class G1TrackingVectorEnv(VectorEnv):
         if self.replay is not None:
             nxt, obs, replayed = self.replay(nxt, obs, r.tracking_error, done, self.starts.table())
         if self.start_sampler is not None:
-            self.start_sampler.record(terminated, nxt.frame)
+            self.start_sampler.record(terminated, nxt.frame, nxt.frame - nxt.episode_steps)
         num_unstable = (int(unstable.sum()) if any_unstable else 0) + num_bad
         self.nonfinite_count += num_unstable
         info: dict[str, Any] = {
