@@ -99,6 +99,15 @@ def test_stiffness_study_tiny(tmp_path: Path) -> None:
     assert table == [line for line in (again / "stiffness.md").read_text().splitlines()
                      if line.startswith("| 50 |") or line.startswith("| 300 |")]
     assert main(["study", "stiffness", "--runs", runs[0], str(tmp_path), "--out", str(tmp_path / "x")]) == 2
+    # a run kept the way benchmarks/results keeps them (config, metrics, eval_CLIP.json side by side) reads the same
+    from bcg.evaluation.compare import run_result
+
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    for name in ("config.json", "metrics.csv"):
+        shutil.copy(Path(runs[0]) / name, kept / name)
+    shutil.copy(Path(runs[0]) / "eval" / "metrics.json", kept / "eval_jump.json")
+    assert run_result(kept)["transfer"] == run_result(runs[0])["transfer"]
 
 
 def test_stiffness_study_refuses(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

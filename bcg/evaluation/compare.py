@@ -213,7 +213,8 @@ def run_result(run_dir: str | Path) -> dict[str, Any]:
     """The result dict of :func:`run_job` for a run trained and evaluated on its own (``bcg train`` then ``bcg evaluate
     RUN``): method, clip, seed and kappa from its ``config.json`` (kappa: the simulator's default when the run did
     not set one), the curve from its ``metrics.csv``, the transfer from ``eval/<clip>/metrics.json`` (``bcg evaluate``'s
-    default protocol) or else ``eval/metrics.json`` (a job of this grid). Raises a
+    default protocol), ``eval/metrics.json`` (a job of this grid) or ``eval_<clip>.json`` (a run kept in
+    ``benchmarks/results``). Raises a
     one-line ``FileNotFoundError`` / ``ValueError`` for a folder that is not such a run."""
     from bcg.sim import ContactParams
 
@@ -224,8 +225,10 @@ def run_result(run_dir: str | Path) -> dict[str, Any]:
             raise FileNotFoundError(f"{path} not found: {run} is not a finished bcg train run")
     cfg = json.loads(cfg_path.read_text())
     clip = Path(str(cfg["motion"])).stem
-    # bcg evaluate's default protocol writes eval/CLIP/, a grid job of bcg compare eval/
-    found = [p for p in (run / "eval" / clip / "metrics.json", run / "eval" / "metrics.json") if p.is_file()]
+    # bcg evaluate's default protocol writes eval/CLIP/, a grid job of bcg compare eval/; a run kept in
+    # benchmarks/results has its evaluation beside its config as eval_CLIP.json
+    found = [p for p in (run / "eval" / clip / "metrics.json", run / "eval" / "metrics.json",
+                         run / f"eval_{clip}.json") if p.is_file()]
     if not found:
         raise FileNotFoundError(f"{run / 'eval' / clip / 'metrics.json'} not found: evaluate the run first "
                                 f"(bcg evaluate {run})")
