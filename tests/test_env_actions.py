@@ -61,3 +61,27 @@ def test_torque_action_scale_asks_the_same_torque_fraction_of_every_joint():
     np.testing.assert_allclose(cfg.action_scale, s)
     with pytest.raises(ValueError, match="action_scale_torque"):
         TrainConfig(action_scale_torque=-1.0)
+
+
+def test_clip_action_map_offsets_and_inverse():
+    """ClipActionMap alone: a zero action holds the default pose plus the joint offset, or (reference) the clip's
+    joints at the frame the step lands on (clamped at the clip's end); to_action inverts to_target; a bad offset is
+    refused."""
+    from bcg.envs.actions import ActionMap, ClipActionMap
+
+    g = torch.Generator().manual_seed(0)
+    default, scale = torch.randn(29, generator=g), torch.full((29,), 0.5)
+    ref = torch.randn(10, 29, generator=g)  # a 10-frame clip
+    offset = 0.01 * torch.randn(3, 29, generator=g)
+    frame = torch.tensor([0, 4, 9])
+    zero = torch.zeros(3, 29)
+    default_map = ClipActionMap(ActionMap(default, scale), "default", ref)
+    assert torch.allclose(default_map.to_target(zero, offset, frame), default + offset)
+    residual = ClipActionMap(ActionMap(default, scale), "reference", ref)
+    want = ref[torch.tensor([1, 5, 9])] + offset  # frame + 1, the last one clamped to the clip
+    assert torch.allclose(residual.to_target(zero, offset, frame), want, atol=1e-6)
+    a = 0.7 * torch.randn(3, 29, generator=g)
+    for m in (default_map, residual):
+        assert torch.allclose(m.to_action(m.to_target(a, offset, frame), offset, frame), a, atol=1e-4)
+    with pytest.raises(ValueError, match="'default' or 'reference'"):
+        ClipActionMap(ActionMap(default, scale), "absolute", ref)

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-__all__ = ["ActionMap", "DEFAULT_REACH", "MAX_INVERSE_ACTION", "check_actions", "default_action_scale",
+__all__ = ["ActionMap", "ClipActionMap", "DEFAULT_REACH", "MAX_INVERSE_ACTION", "check_actions", "default_action_scale",
            "torque_action_scale"]
 
 DEFAULT_REACH: float = 0.9
@@ -82,3 +82,36 @@ class ActionMap:
         base = self.default_pos if offset is None else self.default_pos + offset
         lim = math.tanh(MAX_INVERSE_ACTION)
         return torch.atanh(((targets - base) / self.scale).clamp(-lim, lim))
+
+
+class ClipActionMap:
+    """What an action means in a tracking env, where a row is at motion frame ``frame``: PD targets
+    q_default + joint offset + s_a tanh(a), and with ``offset="reference"`` the clip's joint positions at the frame
+    the step lands on (``frame + 1``) in place of q_default (residual actions). Batched [N, nu] (torch).
+
+    Args:
+        action_map: the :class:`ActionMap` (default pose, scale).
+        offset: ``"default"`` or ``"reference"`` (``EnvConfig.action_offset``).
+        ref_joints: the clip's joint positions [F, nu] [rad].
+    """
+
+    def __init__(self, action_map: ActionMap, offset: str, ref_joints: torch.Tensor):
+        if offset not in ("default", "reference"):
+            raise ValueError(f"action offset must be 'default' or 'reference', got {offset!r}")
+        self.map, self.offset, self.ref_joints = action_map, offset, ref_joints
+
+    def base(self, joint_offset: torch.Tensor, frame: torch.Tensor, ahead: int = 0) -> torch.Tensor:
+        """Offset [N, nu] [rad] added to q_default: the joint offsets [N, nu], plus with ``offset="reference"`` the
+        clip's joint positions at frames ``frame + ahead`` [N] (clamped to the clip) minus q_default."""
+        if self.offset == "default":
+            return joint_offset
+        ref = self.ref_joints[(frame + ahead).clamp(0, self.ref_joints.shape[0] - 1)]
+        return joint_offset + (ref - self.map.default_pos)
+
+    def to_target(self, actions: torch.Tensor, joint_offset: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
+        """PD targets [N, nu] [rad] of ``actions`` [N, nu] taken at motion frames ``frame`` [N] (differentiable)."""
+        return self.map.to_target(actions, self.base(joint_offset, frame, 1))
+
+    def to_action(self, targets: torch.Tensor, joint_offset: torch.Tensor, frame: torch.Tensor) -> torch.Tensor:
+        """Actions [N, nu] whose PD targets at motion frames ``frame`` [N] are ``targets`` [N, nu] [rad]."""
+        return self.map.to_action(targets, self.base(joint_offset, frame, 1))

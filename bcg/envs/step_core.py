@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import torch
 
-from bcg.envs.actions import ActionMap
+from bcg.envs.actions import ClipActionMap
 from bcg.envs.episode_rules import EpisodeRules
 from bcg.envs.grad_mask import RowGradMask
 from bcg.envs.instability import InstabilityGuard
@@ -62,9 +62,7 @@ class TrackingCore:
 
     Args:
         model: the simulator model.
-        actions: the action map (``tanh``, scale) to PD targets.
-        target_base: ``(joint_offset [M, nu], frame [M], ahead) -> [M, nu]``: what a zero action holds, minus the
-            default pose (the env's action offset).
+        actions: what an action means at a row's frame (:class:`~bcg.envs.actions.ClipActionMap`).
         guard: the instability guard.
         features: the :class:`FeatureFn` of the simulated state.
         rules: the reward and episode rules.
@@ -74,14 +72,12 @@ class TrackingCore:
         transition_fn: the physics of one control step (replaceable as ``core.transition_fn``).
     """
 
-    def __init__(self, model: SimModel, actions: ActionMap,
-                 target_base: Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor], guard: InstabilityGuard,
-                 features: FeatureFn, rules: EpisodeRules,
+    def __init__(self, model: SimModel, actions: ClipActionMap, guard: InstabilityGuard, features: FeatureFn,
+                 rules: EpisodeRules,
                  push_draw: Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None,
                  safe_qpos: Callable[[torch.Tensor], torch.Tensor], transition_fn: TransitionFn) -> None:
         self.model = model
         self.actions = actions
-        self.target_base = target_base
         self.guard = guard
         self.features = features
         self.rules = rules
@@ -99,7 +95,7 @@ class TrackingCore:
             raise ValueError(f"actions must have shape {[n, nu]} (one row per state row), got {list(actions.shape)}")
         # action latency: an environment with latency applies the previous step's action
         applied = torch.where(s.latency[:, None], s.delayed_actions, actions)
-        targets = self.actions.to_target(applied, self.target_base(s.joint_offset, s.frame, 1))
+        targets = self.actions.to_target(applied, s.joint_offset, s.frame)
 
         q0, qd0 = s.q, s.qd
         countdown, push_vel = s.push_countdown, s.push_vel

@@ -44,7 +44,7 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from bcg.envs.actions import ActionMap, check_actions, default_action_scale
+from bcg.envs.actions import ActionMap, ClipActionMap, check_actions, default_action_scale
 from bcg.envs.clip import env_motion
 from bcg.envs.config import MAX_SEED, EnvConfig, check_count, check_seed
 from bcg.envs.demo_replay import DemonstrationReplay
@@ -196,12 +196,14 @@ class G1TrackingVectorEnv(VectorEnv):
         self.nonfinite_count = 0
         """Environments reset by the instability guard since construction (non-finite or too fast states)."""
         self._default_physics = default_physics(self.model, num_envs, dev)
-        self.starts = EpisodeStarts(m, self._features, self._ref, self._ref_qpos, self._actions, self._target_base,
+        self.actions = ClipActionMap(self._actions, self.action_offset, self._ref_qpos[:, 7:])
+        """What an action means at a row's frame (bcg.envs.actions)."""
+        self.starts = EpisodeStarts(m, self._features, self._ref, self._ref_qpos, self._actions, self.actions.base,
                                     self._observe, self.domain_randomization, self._default_physics, self.control_dt,
                                     self.draws, self.start_sampler, use_warp=cpu)
         """Where and how rows start new episodes (bcg.envs.resets)."""
         self.core = TrackingCore(
-            m, self._actions, self._target_base, self.guard, self._features, self.rules,
+            m, self.actions, self.guard, self._features, self.rules,
             self.starts.push_draw if self.domain_randomization.push_interval is not None else None,
             _reference_pose(self._ref_qpos),
             transition_fn if transition_fn is not None else simulator_step)
@@ -337,15 +339,6 @@ class G1TrackingVectorEnv(VectorEnv):
 
     # ------------------------------------------------------------------------------------------------ actions
 
-    def _target_base(self, joint_offset: torch.Tensor, frame: torch.Tensor, ahead: int = 0) -> torch.Tensor:
-        """Offset [N, 29] [rad] added to q_default in the action map: the default-pose offsets, plus, with
-        ``action_offset="reference"``, the reference joint positions at motion frames ``frame + ahead`` [N] minus
-        q_default."""
-        if self.action_offset == "default":
-            return joint_offset
-        ref_joints = self._ref_qpos[(frame + ahead).clamp(0, self.num_frames - 1), 7:]
-        return joint_offset + (ref_joints - self.default_joint_pos)
-
     def action_to_target(self, actions: torch.Tensor, joint_offset: torch.Tensor | None = None) -> torch.Tensor:
         """PD joint targets [N, 29] [rad] that actions [N, 29] give in the current state (differentiable):
         q_default + offset + s_a tanh(a), or with ``action_offset="reference"`` q_ref(t+1) + offset + s_a tanh(a),
@@ -353,14 +346,14 @@ class G1TrackingVectorEnv(VectorEnv):
 
         ``joint_offset`` defaults to the current state's (domain randomisation; zeros when off)."""
         offset = self._state.joint_offset if joint_offset is None else joint_offset
-        return self._actions.to_target(actions, self._target_base(offset, self._state.frame, 1))
+        return self.actions.to_target(actions, offset, self._state.frame)
 
     def target_to_action(self, joint_targets: torch.Tensor, joint_offset: torch.Tensor | None = None) -> torch.Tensor:
         """Actions [N, 29] whose PD targets in the current state are ``joint_targets`` [N, 29] [rad] (inverse of
         :meth:`action_to_target`; every target inside the joint ranges maps to |a| < 1 with the default action
         scale and offset)."""
         offset = self._state.joint_offset if joint_offset is None else joint_offset
-        return self._actions.to_action(joint_targets, self._target_base(offset, self._state.frame, 1))
+        return self.actions.to_action(joint_targets, offset, self._state.frame)
 
     def _unstable(self, s: EnvState) -> torch.Tensor:
         """[N] bool: the rows of ``s`` the instability guard flags (:class:`~bcg.envs.instability.InstabilityGuard`)."""
