@@ -150,7 +150,7 @@ def env_parts(n: int, rounds: int = 5, block: int = 50) -> None:
     parts = {
         "features (kinematics + key points)": lambda: env.feature_fn(s.q, s.qd),
         "features, forward + backward": features_bwd,
-        "observation": lambda: env._observe(f, s.frame),
+        "observation": lambda: env.observer(f, s.frame),
         "reward (reference rows included)": reward,
         "termination and tracking distances": metrics,
         "instability check": lambda: env._unstable(s),

@@ -50,7 +50,7 @@ def _outputs(env: G1TrackingVectorEnv, q: torch.Tensor, qd: torch.Tensor, a: tor
     try:
         f = env.feature_fn(q, qd)
         frame = (torch.arange(env.num_envs) * 61) % env.num_frames  # the last frames clamp the reference part
-        obs = env._observe(f, frame)
+        obs = env.observer(f, frame)
         fc = (frame + 1).clamp(max=env.num_frames - 1)
         ctx = StepContext(a, pa, None)
         rew = (env.rules.warp_reward(env.reward_fn, f, fc, ctx) if warp
@@ -107,7 +107,7 @@ def test_adjoint_matches_finite_differences(env: G1TrackingVectorEnv, part: str)
         if part == "features":
             return sum((t.double() * ww).sum() for t, ww in zip(f, wf, strict=True))
         if part == "observation":
-            return (env._observe(f, frame).double() * wo).sum()
+            return (env.observer(f, frame).double() * wo).sum()
         return env.rules.warp_reward(env.reward_fn, f, frame, StepContext(aa, pp, None)).double().sum()
 
     x = x0.clone().requires_grad_(True)
@@ -269,7 +269,7 @@ def test_one_launch_step_outputs_equal_the_separate_launches(env: G1TrackingVect
         fc = (frame0 + 1).clamp(0, f - 1)
         reward = env.rules.warp_reward(env.reward_fn, feats, fc, StepContext(a, pa, None))
         key_dist, track = env.rules.warp_reward.metrics(feats, fc)
-        obs = env._observe(feats, frame0 + 1)
+        obs = env.observer(feats, frame0 + 1)
         bad = env.guard(q, qd)
     assert torch.equal(out.reward, reward) and torch.equal(out.obs, obs) and torch.equal(out.track, track)
     fell = q[:, 2] < env.termination_height

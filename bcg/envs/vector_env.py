@@ -52,7 +52,7 @@ from bcg.envs.draws import CounterDraws
 from bcg.envs.episode_rules import EpisodeRules
 from bcg.envs.instability import InstabilityGuard
 from bcg.envs.obs_noise import ObservationNoiseLayer
-from bcg.envs.observations import ReferenceTable, observation, observation_layout
+from bcg.envs.observer import Observer
 from bcg.envs.resets import EpisodeStarts
 from bcg.envs.rewards import TrackingReward
 from bcg.envs.start_sampling import AdaptiveStartSampler
@@ -61,7 +61,6 @@ from bcg.envs.step_core import TrackingCore
 from bcg.envs.termination import DeviationTermination
 from bcg.envs.transition import TransitionFn, simulator_step
 from bcg.envs.warp_features import WarpFeatureFn
-from bcg.envs.warp_observation import WarpObservation
 from bcg.envs.warp_reward import WarpTrackingReward
 from bcg.envs.warp_step import WarpStepOutputs
 from bcg.motion.features import FeatureFn, Features
@@ -145,20 +144,15 @@ class G1TrackingVectorEnv(VectorEnv):
         # ~80 small torch operations per pass; the torch path elsewhere (bcg.envs.warp_features)
         self._features = WarpFeatureFn(m, torch.float32, dev)
         self._ref: Features = self.motion.features  # reference features at every frame (the same FeatureFn)
-        self._ref_table = ReferenceTable.of(self._ref)
-        self._future = torch.arange(1, int(cfg.ref_steps) + 1, device=dev)  # frame offsets of the reference part
         self._ref_qpos = self.motion.qpos.to(dev, torch.float32)
         self.num_frames = self.motion.num_frames
 
-        self.observation_layout = observation_layout(m.nb, self._features.keys.body.numel(), m.nv - 6, self.ref_steps)
-        self.obs_dim = sum(s for _, s in self.observation_layout)
+        self.observer = Observer(self._ref, m.nb, self._features.keys.body.numel(), m.nv - 6, self.ref_steps, dev)
+        """The noise-free observation of simulated features at motion frames (bcg.envs.observer)."""
+        self.observation_layout, self.obs_dim = self.observer.layout, self.observer.dim
         # on the CPU the per-step work beside the simulator runs in Warp launches (bcg.envs.warp_*: the observation,
         # the default reward, the termination distances, the instability check); the torch code elsewhere
         cpu = dev.type == "cpu"
-        self._warp_obs = (WarpObservation(self._ref_table, m.nb, m.nv - 6, self._features.keys.body.numel(),
-                                          self.ref_steps) if cpu else None)
-        if self._warp_obs is not None and self._warp_obs.dim != self.obs_dim:
-            raise RuntimeError(f"WarpObservation has {self._warp_obs.dim} entries, the layout {self.obs_dim}")
         self.guard = InstabilityGuard(cfg.state_limit, m.nq, m.nv, use_warp=cpu)
         """The instability guard: rows reset before the physics and ended after it (bcg.envs.instability)."""
         self.draws = CounterDraws(use_warp=cpu)
@@ -179,7 +173,7 @@ class G1TrackingVectorEnv(VectorEnv):
             self._ref, self.num_frames, TrackingReward() if cfg.reward == "tracking" else cfg.reward,
             cfg.termination_height, cfg.termination_distance, cfg.max_episode_steps,
             deviation if deviation.active else None, warp_reward,
-            WarpStepOutputs(self._features.warp_kin, self._warp_obs, warp_reward, self.num_frames) if cpu else None)
+            WarpStepOutputs(self._features.warp_kin, self.observer.warp, warp_reward, self.num_frames) if cpu else None)
         """The reward and the termination and truncation rules (bcg.envs.episode_rules)."""
         width = torch.cat([torch.full((size,), cfg.observation_noise.half_width(name), **f32)
                            for name, size in self.observation_layout])
@@ -199,7 +193,7 @@ class G1TrackingVectorEnv(VectorEnv):
         self.actions = ClipActionMap(self._actions, self.action_offset, self._ref_qpos[:, 7:])
         """What an action means at a row's frame (bcg.envs.actions)."""
         self.starts = EpisodeStarts(m, self._features, self._ref, self._ref_qpos, self._actions, self.actions.base,
-                                    self._observe, self.domain_randomization, self._default_physics, self.control_dt,
+                                    self.observer, self.domain_randomization, self._default_physics, self.control_dt,
                                     self.draws, self.start_sampler, use_warp=cpu)
         """Where and how rows start new episodes (bcg.envs.resets)."""
         self.core = TrackingCore(
@@ -304,6 +298,7 @@ class G1TrackingVectorEnv(VectorEnv):
         self._features.enabled = self._warp
         self.draws.use_warp = self._warp
         self.starts.use_warp = self._warp
+        self.observer.use_warp = self._warp and self.observer.warp is not None
         self.rules.use_warp = self._warp and self.rules.warp_reward is not None
 
     @property
@@ -370,16 +365,10 @@ class G1TrackingVectorEnv(VectorEnv):
 
     # ------------------------------------------------------------------------------------------------ observation
 
-    def _observe(self, sim: Features, frame: torch.Tensor) -> torch.Tensor:
-        fut = (frame[:, None] + self._future).clamp(0, self.num_frames - 1)  # valid rows for the Warp launch too
-        if self._warp and WarpObservation.accepts(sim):
-            return self._warp_obs(sim, fut)
-        return observation(sim, self._ref_table, fut)
-
     def observe(self, state: EnvState | None = None) -> torch.Tensor:
         """Noise-free observation [N, obs_dim] of ``state`` (default: the current state)."""
         s = self._state if state is None else state
-        return self._observe(self._features(s.q, s.qd), s.frame)
+        return self.observer(self._features(s.q, s.qd), s.frame)
 
     # ------------------------------------------------------------------------------------------------ transition
 
@@ -478,7 +467,7 @@ class G1TrackingVectorEnv(VectorEnv):
         r = self.core(s, actions, stable=None if any_unstable else unstable, tracking=True)
         nxt, reward, terminated, truncated, contact = r.state, r.reward, r.terminated, r.truncated, r.contact
         if r.fused is None:
-            obs, done = self._observe(r.features, nxt.frame), terminated | truncated
+            obs, done = self.observer(r.features, nxt.frame), terminated | truncated
             num_bad, any_done = int(r.unstable.sum()), None
         else:  # the one-launch path (bcg.envs.warp_step) made them already
             obs, done, num_bad, any_done = r.fused.obs, r.fused.done, r.fused.num_bad, r.fused.num_done > 0
