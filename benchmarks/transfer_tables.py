@@ -115,8 +115,10 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("dance (1200 s)", ("def-bcg-dance-s0", "def-bcg-dance-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (1200 s)", ("ts-bcg-jazzwalk-s0",)),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s)", ("def60-bcg-jazzwalk-s0", "def60-bcg-jazzwalk-s1")),
+    ("J_ShortDance16_JazzWalk, G1 Moves (3600 s), --adaptive-start-credit start", ("def60-bcg-jazzwalk-credit-s0",
+                                                                                     "def60-bcg-jazzwalk-credit-s1")),
 )
-"""`bcg train --motion CLIP --estimator bcg --max-time-s T` with no other flag, per clip; the seeds kept so far (a
+"""`bcg train --motion CLIP --estimator bcg --max-time-s T` with no other flag (the last row: one flag), per clip; the seeds kept so far (a
 group is printed with the seeds it has)."""
 
 JUMP_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
