@@ -29,9 +29,11 @@ def test_bench_prints_every_ratio(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_first_touch_time_is_the_extra_cost_of_new_pages() -> None:
-    """The first write of fresh memory costs more than the second (page faults); the difference is returned."""
+    """The first write of fresh memory costs more than the second (page faults); the difference is returned. The
+    smallest over the tries may be 0 on a loaded machine (a try whose second write was slowed by another process: seen
+    in CI beside a training run), so only the first try is held to a positive cost."""
     from bcg.evaluation.sim_throughput import first_touch_time
 
     for threads in (1, 2):
         first, best = first_touch_time(64 * 2**20, threads)
-        assert 0 < best <= first < 1.0, (threads, first, best)
+        assert 0 <= best <= first and 0 < first < 1.0, (threads, first, best)
