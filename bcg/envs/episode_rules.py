@@ -54,11 +54,11 @@ class EpisodeRules:
         one_launch: the Warp launch of a whole step's outputs (CPU), or None.
     """
 
-    def __init__(self, ref: Features, num_frames: int, reward_fn: Any, termination_height: float,
+    def __init__(self, ref: Features, reward_fn: Any, termination_height: float,
                  termination_distance: float, max_episode_steps: int | None, deviation: DeviationTermination | None,
                  warp_reward: WarpTrackingReward | None, one_launch: WarpStepOutputs | None) -> None:
         self.ref = ref
-        self.num_frames = int(num_frames)
+        self.num_frames = int(ref.root_pos_w.shape[0])
         self.reward_fn = reward_fn
         self.termination_height = float(termination_height)
         self.termination_distance = float(termination_distance)

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 
 from bcg.envs.actions import ActionMap
+from bcg.envs.config import MAX_SEED
 from bcg.envs.draws import NEXT_KEY_ADD, STREAM_PUSH, STREAM_RESET, STREAM_START, CounterDraws
 from bcg.envs.instability import InstabilityGuard
 from bcg.envs.randomization import DomainRandomization, sample_physics, uniform
@@ -155,7 +156,7 @@ class EpisodeStarts:
         mix = self.draws.hash32(keys ^ (idx * 0x9E3779B1))
         g = torch.Generator(device=self.device)
         seed = int((mix * (torch.arange(len(idx), device=self.device) + 1)).sum().item())
-        g.manual_seed(seed & (2**63 - 1))  # a valid torch seed
+        g.manual_seed(seed & MAX_SEED)  # a valid torch seed
         return g
 
     # ------------------------------------------------------------------------------------------------ resets

@@ -137,8 +137,6 @@ class G1TrackingVectorEnv(VectorEnv):
             raise ValueError(f"action_scale must be finite and > 0 (scalar or [{nu}]), got {action_scale!r}")
         self.action_scale = torch.as_tensor(scale.copy(), **f32)
         self._actions = ActionMap(self.default_joint_pos, self.action_scale)
-        self.action_offset: str = cfg.action_offset
-        """"default" or "reference": what a zero action holds (see EnvConfig.action_offset)."""
 
         # the simulated state's features every step: one Warp launch (and one for the adjoint) on the CPU instead of
         # ~80 small torch operations per pass; the torch path elsewhere (bcg.envs.warp_features)
@@ -149,7 +147,6 @@ class G1TrackingVectorEnv(VectorEnv):
 
         self.observer = Observer(self._ref, m.nb, self._features.keys.body.numel(), m.nv - 6, self.ref_steps, dev)
         """The noise-free observation of simulated features at motion frames (bcg.envs.observer)."""
-        self.observation_layout, self.obs_dim = self.observer.layout, self.observer.dim
         # on the CPU the per-step work beside the simulator runs in Warp launches (bcg.envs.warp_*: the observation,
         # the default reward, the termination distances, the instability check); the torch code elsewhere
         cpu = dev.type == "cpu"
@@ -170,7 +167,7 @@ class G1TrackingVectorEnv(VectorEnv):
                                          cfg.termination_end_effector_height)
         warp_reward = WarpTrackingReward(self._ref, nu) if cpu else None
         self.rules = EpisodeRules(
-            self._ref, self.num_frames, TrackingReward() if cfg.reward == "tracking" else cfg.reward,
+            self._ref, TrackingReward() if cfg.reward == "tracking" else cfg.reward,
             cfg.termination_height, cfg.termination_distance, cfg.max_episode_steps,
             deviation if deviation.active else None, warp_reward,
             WarpStepOutputs(self._features.warp_kin, self.observer.warp, warp_reward, self.num_frames) if cpu else None)
@@ -190,7 +187,7 @@ class G1TrackingVectorEnv(VectorEnv):
         self.nonfinite_count = 0
         """Environments reset by the instability guard since construction (non-finite or too fast states)."""
         self._default_physics = default_physics(self.model, num_envs, dev)
-        self.actions = ClipActionMap(self._actions, self.action_offset, self._ref_qpos[:, 7:])
+        self.actions = ClipActionMap(self._actions, cfg.action_offset, self._ref_qpos[:, 7:])
         """What an action means at a row's frame (bcg.envs.actions)."""
         self.starts = EpisodeStarts(m, self._features, self._ref, self._ref_qpos, self._actions, self.actions.base,
                                     self.observer, self.domain_randomization, self._default_physics, self.control_dt,
@@ -319,6 +316,11 @@ class G1TrackingVectorEnv(VectorEnv):
     def ref_features(self, frame: torch.Tensor) -> Features:
         """Reference :class:`Features` at integer motion frames ``frame`` [N] (clamped to the clip)."""
         return self.rules.ref_features(frame)
+
+    action_offset = property(lambda self: self.actions.offset,
+                             doc='"default" or "reference": what a zero action holds (EnvConfig.action_offset).')
+    observation_layout = property(lambda self: self.observer.layout, doc="Ordered (term, size) of the observation.")
+    obs_dim = property(lambda self: self.observer.dim, doc="Observation size D.")
 
     # the rules' settings, readable and replaceable on the env (an agent installs its reward as env.reward_fn)
     reward_fn = property(lambda self: self.rules.reward_fn, lambda self, v: setattr(self.rules, "reward_fn", v),

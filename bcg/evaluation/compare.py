@@ -143,6 +143,15 @@ def _finite(x: float) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
+def _transfer_entry(report: dict[str, Any]) -> dict[str, Any]:
+    """The ``transfer`` entry of a result from a transfer report's dict (``TransferReport.to_dict()`` or its JSON):
+    the MuJoCo metrics (NaN as None), Δd, and our simulator's E_track and falls."""
+    tr = {k: (_finite(v) if isinstance(v, float) else v) for k, v in report["mujoco"].items()}
+    tr.update(delta_d_mm=_finite(report["delta_d_mm"]), bcg_e_track_cm=_finite(report["bcg"]["e_track_cm"]),
+              bcg_falls=report["bcg"]["falls"])
+    return tr
+
+
 def run_job(job: Job | dict[str, Any]) -> dict[str, Any]:
     """Train ``job`` and evaluate its transfer; returns the job's result dict::
 
@@ -199,11 +208,7 @@ def run_job(job: Job | dict[str, Any]) -> dict[str, Any]:
         eval_dir.mkdir(parents=True, exist_ok=True)
         (eval_dir / "metrics.json").write_text(report.to_json() + "\n")
         (eval_dir / "metrics.md").write_text(report.to_markdown())
-        tr = {k: (_finite(v) if isinstance(v, float) else v) for k, v in report.mujoco.to_dict().items()}
-        tr["delta_d_mm"] = _finite(report.delta_d_mm)
-        tr["bcg_e_track_cm"] = _finite(report.bcg.e_track_cm)
-        tr["bcg_falls"] = report.bcg.falls
-        res["transfer"] = tr
+        res["transfer"] = _transfer_entry(report.to_dict())
     except Exception as exc:  # noqa: BLE001 - one failed job is reported, the others go on
         res["error"] = f"{type(exc).__name__}: {exc}"
     return res
@@ -237,9 +242,7 @@ def run_result(run_dir: str | Path) -> dict[str, Any]:
     est = cfg.get("estimator") or {}
     method = "ppo" if cfg["agent"] == "ppo" else f"shac:{est.get('name', 'bptt')}"
     kappa = cfg.get("kappa") if cfg.get("kappa") is not None else ContactParams().kappa
-    tr = {k: (_finite(v) if isinstance(v, float) else v) for k, v in report["mujoco"].items()}
-    tr.update(delta_d_mm=_finite(report["delta_d_mm"]), bcg_e_track_cm=_finite(report["bcg"]["e_track_cm"]),
-              bcg_falls=report["bcg"]["falls"])
+    tr = _transfer_entry(report)
     return {"method": method, "label": method_label(method), "motion": clip, "seed": int(cfg["seed"]),
             "kappa": float(kappa), "run_dir": str(run), "status": 0, "error": None,
             "curve": {k: [_finite(v) for v in vals] for k, vals in read_curve(csv_path).items()},

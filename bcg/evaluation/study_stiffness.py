@@ -92,13 +92,16 @@ class StudyStiffness(GridOptions):
 
         results = run_jobs(jobs, workers=workers, ray_address=self.ray_address, on_done=on_done)
         self.out.mkdir(parents=True, exist_ok=True)
-        # through JSON, so that a report rebuilt from results.json (--report-only) reads the same values (lists)
-        cfg = json.loads(json.dumps({k: (str(v) if isinstance(v, Path) else v)
-                                     for k, v in dataclasses.asdict(self).items()}))
+        cfg = self._plain_config()
         data = {"config": cfg, "results": results}
         (self.out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
         self._write(results, cfg)
         return 1 if any(r.get("error") for r in results) else 0
+
+    def _plain_config(self) -> dict[str, Any]:
+        """The options as results.json stores them: through JSON (paths as strings, tuples as lists), so that a report
+        rebuilt from results.json (--report-only) reads the same values."""
+        return json.loads(json.dumps(dataclasses.asdict(self), default=str))
 
     def _collect(self) -> int:
         from bcg.evaluation.compare import run_result
@@ -113,7 +116,7 @@ class StudyStiffness(GridOptions):
             print(f"bcg study stiffness: error: {exc}", file=sys.stderr)
             return 2
         motion, method = kinds.pop()
-        cfg = json.loads(json.dumps(dataclasses.asdict(self), default=str))
+        cfg = self._plain_config()
         first = json.loads((Path(self.runs[0]) / "config.json").read_text())
         options = results[0]["transfer_options"]
         cfg.update(motion=motion, method=method, kappas=sorted({r["kappa"] for r in results}),

@@ -38,10 +38,10 @@ from bcg.sim.execution import ExecutionOptions, split_rows, thread_count
 from bcg.sim.model import MAX_ROOT_POSITION, MAX_SPEED, SimModel
 from bcg.sim.physics import Physics, check_physics
 from bcg.sim.replay import Relocatable, pack, prepack
-from bcg.sim.runtime import ModelWorkspace, Runtime, default_runtime, kept_bytes
+from bcg.sim.runtime import ModelWorkspace, Runtime, default_runtime
 from bcg.sim.types import ContactReport
 
-__all__ = ["MAX_ROOT_POSITION", "step", "mass_matrix", "bias_forces", "kept_bytes", "ContactReport"]
+__all__ = ["MAX_ROOT_POSITION", "step", "mass_matrix", "bias_forces", "ContactReport"]
 
 
 def _torch_device(model: SimModel) -> torch.device:
@@ -162,10 +162,8 @@ def _block_arrays(model: SimModel, ws: ModelWorkspace, index: int, n: int, grad:
     equal blocks running at once need two)."""
     model_arrays(model, ws)
     if grad:
-        pool = ws.grad_pool.get((n, per_env_physics))
-        if pool:
-            arrs = pool.pop()
-            ws.pool_bytes -= arrs.nbytes
+        arrs = ws.take_released(n, per_env_physics)
+        if arrs is not None:
             return arrs, True
         # zeroed by the block's thread (StepArrays.zero_pending, in _forward): the new pages fault in on every core
         return StepArrays(model, n, requires_grad=True, per_env_physics=per_env_physics, grads="pooled",

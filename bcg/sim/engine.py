@@ -499,10 +499,8 @@ def allocate_step(model: SimModel, n: int, requires_grad: bool, per_env_physics:
     ws = _workspace(model, ws)
     key = (n, per_env_physics)
     if requires_grad:
-        pool = ws.grad_pool.get(key)
-        if pool:
-            arrs = pool.pop()
-            ws.pool_bytes -= arrs.nbytes
+        arrs = ws.take_released(n, per_env_physics)
+        if arrs is not None:
             arrs.reset_for_reuse()
             return arrs
         return StepArrays(model, n, True, per_env_physics, grads="pooled", ws=ws)
@@ -576,11 +574,7 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool
 
 def release_step(model: SimModel, arrs: StepArrays, ws: ModelWorkspace | None = None) -> None:
     """Give a gradient step's arrays back once its backward has run and nothing refers to them any more."""
-    ws = _workspace(model, ws)
-    size = arrs.nbytes
-    if ws.pool_bytes + size <= POOL_LIMIT_BYTES:
-        ws.grad_pool.setdefault((arrs.n, arrs.per_env_physics), []).append(arrs)
-        ws.pool_bytes += size
+    _workspace(model, ws).release(arrs, POOL_LIMIT_BYTES)
 
 
 def run_dynamics_terms(model: SimModel, arrs: StepArrays, ws: ModelWorkspace | None = None

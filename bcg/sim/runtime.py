@@ -68,6 +68,22 @@ class ModelWorkspace:
     templates: dict = field(default_factory=dict)
     """Launch templates by (direction, N, per-env physics), packed once and relocated per array set."""
 
+    def take_released(self, n: int, per_env_physics: bool) -> Any:
+        """A released gradient-step value set of ``n`` rows (None when the pool has none); the caller re-zeroes it."""
+        pool = self.grad_pool.get((n, per_env_physics))
+        if not pool:
+            return None
+        arrs = pool.pop()
+        self.pool_bytes -= arrs.nbytes
+        return arrs
+
+    def release(self, arrs: Any, limit_bytes: int) -> None:
+        """Keep a gradient-step value set whose backward has run for reuse, unless the pool would exceed
+        ``limit_bytes`` (then it is freed with its last reference)."""
+        if self.pool_bytes + arrs.nbytes <= limit_bytes:
+            self.grad_pool.setdefault((arrs.n, arrs.per_env_physics), []).append(arrs)
+            self.pool_bytes += arrs.nbytes
+
     def clear_pool(self) -> None:
         """Drop the released sets, idle gradient sets and templates (the next gradient step of each shape starts
         as in a fresh process)."""
