@@ -35,7 +35,7 @@ same observation noise; their noise-free versions are ``info["critic_obs"]`` and
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import gymnasium as gym
@@ -44,35 +44,15 @@ import torch
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
 
-from bcg.envs.actions import ActionMap, ClipActionMap, check_actions, default_action_scale
-from bcg.envs.clip import env_motion
+from bcg.envs.actions import check_actions
+from bcg.envs.assembly import TrackingParts
 from bcg.envs.config import MAX_SEED, EnvConfig, check_count, check_seed
-from bcg.envs.demo_replay import DemonstrationReplay
-from bcg.envs.draws import CounterDraws
-from bcg.envs.episode_rules import EpisodeRules
-from bcg.envs.instability import InstabilityGuard
-from bcg.envs.obs_noise import ObservationNoiseLayer
-from bcg.envs.observer import Observer
-from bcg.envs.resets import EpisodeStarts
-from bcg.envs.rewards import TrackingReward
-from bcg.envs.start_sampling import AdaptiveStartSampler
 from bcg.envs.state import EnvState
-from bcg.envs.step_core import TrackingCore
-from bcg.envs.termination import DeviationTermination
-from bcg.envs.transition import TransitionFn, simulator_step
-from bcg.envs.warp_features import WarpFeatureFn
-from bcg.envs.warp_reward import WarpTrackingReward
-from bcg.envs.warp_step import WarpStepOutputs
+from bcg.envs.transition import TransitionFn
 from bcg.motion.features import FeatureFn, Features
-from bcg.sim import ContactReport, default_physics
+from bcg.sim import ContactReport
 
 __all__ = ["G1TrackingVectorEnv", "MAX_SEED"]
-
-def _reference_pose(ref_qpos: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``frame [M] -> q [M, nq]``: the clip's pose at each (clamped) frame, where an unstable row is put at rest."""
-    last = ref_qpos.shape[0] - 1
-    return lambda frame: ref_qpos[frame.clamp(0, last)]
-
 
 class G1TrackingVectorEnv(VectorEnv):
     """Batched G1 motion tracking (``BCG-G1-{Run,Jump,Fight,Dance}-v0`` via ``gym.make_vec``).
@@ -100,9 +80,6 @@ class G1TrackingVectorEnv(VectorEnv):
         transition_fn: TransitionFn | None = None,
         **kwargs: Any,
     ):
-        from bcg.robots.g1 import DEFAULT_JOINT_POS, MJCF_PATH
-        from bcg.sim import load_model
-
         num_envs = check_count("num_envs", num_envs)
         if motion_file is not None:
             kwargs["motion_file"] = motion_file
@@ -111,117 +88,55 @@ class G1TrackingVectorEnv(VectorEnv):
             cfg = dataclasses.replace(cfg, motion_file=default_motion)
         self.config = cfg
         """The :class:`EnvConfig` this environment was made with."""
-        params = cfg.sim_params()
         self.num_envs = num_envs
         self.device = torch.device(cfg.device)
         self.differentiable = bool(cfg.differentiable)
         self.render_mode = cfg.render_mode
         self.autoreset = bool(cfg.autoreset)
         self.ref_steps = int(cfg.ref_steps)
-
-        self.model = load_model(MJCF_PATH, device=str(cfg.device), **params)
-        self.control_dt = self.model.params.control_dt
-        self.motion = env_motion(cfg.motion_file, cfg, self.model, self.device)
         self.domain_randomization = cfg.randomization
 
-        m, nu, dev = self.model, self.model.nu, self.device
-        f32 = dict(dtype=torch.float32, device=dev)
-        self.default_joint_pos = torch.as_tensor(np.array(DEFAULT_JOINT_POS), **f32)
-        action_scale = cfg.action_scale
-        if action_scale is None:
-            from bcg.motion.formats import joint_ranges
-
-            action_scale = default_action_scale(np.asarray(DEFAULT_JOINT_POS, dtype=np.float64), joint_ranges())
-        scale = np.broadcast_to(np.asarray(action_scale, dtype=np.float64), (nu,))
-        if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
-            raise ValueError(f"action_scale must be finite and > 0 (scalar or [{nu}]), got {action_scale!r}")
-        self.action_scale = torch.as_tensor(scale.copy(), **f32)
-        self._actions = ActionMap(self.default_joint_pos, self.action_scale)
-
-        # the simulated state's features every step: one Warp launch (and one for the adjoint) on the CPU instead of
-        # ~80 small torch operations per pass; the torch path elsewhere (bcg.envs.warp_features)
-        self._features = WarpFeatureFn(m, torch.float32, dev)
-        self._ref: Features = self.motion.features  # reference features at every frame (the same FeatureFn)
-        self._ref_qpos = self.motion.qpos.to(dev, torch.float32)
-        self.num_frames = self.motion.num_frames
-
-        self.observer = Observer(self._ref, m.nb, self._features.keys.body.numel(), m.nv - 6, self.ref_steps, dev)
+        self.parts = p = TrackingParts.build(cfg, num_envs, transition_fn)
+        """Every component of the env (bcg.envs.assembly); the most used ones are also attributes below."""
+        self.model, self.motion, self.control_dt = p.model, p.motion, p.model.params.control_dt
+        self.default_joint_pos, self.action_scale = p.default_joint_pos, p.action_scale
+        self._features, self._ref, self._ref_qpos, self.num_frames = p.features, p.reference, p.ref_qpos, \
+            p.motion.num_frames
+        self.observer = p.observer
         """The noise-free observation of simulated features at motion frames (bcg.envs.observer)."""
-        # on the CPU the per-step work beside the simulator runs in Warp launches (bcg.envs.warp_*: the observation,
-        # the default reward, the termination distances, the instability check); the torch code elsewhere
-        cpu = dev.type == "cpu"
-        self.guard = InstabilityGuard(cfg.state_limit, m.nq, m.nv, use_warp=cpu)
+        self.guard = p.guard
         """The instability guard: rows reset before the physics and ended after it (bcg.envs.instability)."""
-        self.draws = CounterDraws(use_warp=cpu)
+        self.draws = p.draws
         """The counter-based random draws of steps and resets (bcg.envs.draws)."""
-        self._warp = cpu
-        # the optional layers of training aids, each its own component: start frames where episodes fail, replay of
-        # drifted rows, deviation termination (None when off; docs/start_states_and_replay.md)
-        self.start_sampler: AdaptiveStartSampler | None = (
-            AdaptiveStartSampler(self.num_frames, self.control_dt, cfg.adaptive_start_bin_s, cfg.adaptive_start_alpha,
-                                 cfg.adaptive_start_floor, dev, cfg.adaptive_start_credit)
-            if cfg.adaptive_start else None)
-        self.replay: DemonstrationReplay | None = (
-            DemonstrationReplay(cfg.replay_threshold) if cfg.replay_threshold is not None else None)
-        deviation = DeviationTermination(self._ref, cfg.termination_anchor_height, cfg.termination_gravity_z,
-                                         cfg.termination_end_effector_height)
-        warp_reward = WarpTrackingReward(self._ref, nu) if cpu else None
-        self.rules = EpisodeRules(
-            self._ref, TrackingReward() if cfg.reward == "tracking" else cfg.reward,
-            cfg.termination_height, cfg.termination_distance, cfg.max_episode_steps,
-            deviation if deviation.active else None, warp_reward,
-            WarpStepOutputs(self._features.warp_kin, self.observer.warp, warp_reward, self.num_frames) if cpu else None)
+        self.start_sampler, self.replay = p.start_sampler, p.replay
+        """The optional layers: start frames where episodes fail, replay of drifted rows (None when off)."""
+        self.rules = p.rules
         """The reward and the termination and truncation rules (bcg.envs.episode_rules)."""
-        width = torch.cat([torch.full((size,), cfg.observation_noise.half_width(name), **f32)
-                           for name, size in self.observation_layout])
-        self.obs_noise = ObservationNoiseLayer(width, self.draws, bool(self.domain_randomization.observation_noise))
+        self.obs_noise = p.obs_noise
         """Observation noise (bcg.envs.obs_noise); ``obs_noise.on`` says whether steps add it."""
+        self.actions = p.actions
+        """What an action means at a row's frame (bcg.envs.actions)."""
+        self.starts = p.starts
+        """Where and how rows start new episodes (bcg.envs.resets)."""
+        self.core = p.core
+        """The pure step of any batch of rows (bcg.envs.step_core), which :meth:`step` wraps with its layers."""
 
         # finite bounds: states beyond state_limit count as diverged and are reset, so no entry exceeds this
         bound = np.float32(10.0 * self.state_limit)
         self.single_observation_space = gym.spaces.Box(-bound, bound, (self.obs_dim,), np.float32)
-        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (nu,), np.float32)
+        self.single_action_space = gym.spaces.Box(-1.0, 1.0, (self.model.nu,), np.float32)
         self.observation_space = batch_space(self.single_observation_space, num_envs)
         self.action_space = batch_space(self.single_action_space, num_envs)
 
         self.nonfinite_count = 0
         """Environments reset by the instability guard since construction (non-finite or too fast states)."""
-        self._default_physics = default_physics(self.model, num_envs, dev)
-        self.actions = ClipActionMap(self._actions, cfg.action_offset, self._ref_qpos[:, 7:])
-        """What an action means at a row's frame (bcg.envs.actions)."""
-        self.starts = EpisodeStarts(m, self._features, self._ref, self._ref_qpos, self._actions, self.actions.base,
-                                    self.observer, self.domain_randomization, self._default_physics, self.control_dt,
-                                    self.draws, self.start_sampler, use_warp=cpu)
-        """Where and how rows start new episodes (bcg.envs.resets)."""
-        self.core = TrackingCore(
-            m, self.actions, self.guard, self._features, self.rules,
-            self.starts.push_draw if self.domain_randomization.push_interval is not None else None,
-            _reference_pose(self._ref_qpos),
-            transition_fn if transition_fn is not None else simulator_step)
-        """The pure step of any batch of rows (bcg.envs.step_core), which :meth:`step` wraps with its layers."""
-        self._state = self._initial_state()
-        self._gen = torch.Generator(device=dev)
+        self._state = p.initial_state(num_envs, self.domain_randomization.physics_active)
+        self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(int(np.random.default_rng().integers(2**62)))
         self._needs_reset = True
         self._renderer = None
         self._checked: EnvState | None = None  # a state the instability check is known to pass (see _step)
         self._checked_bounds: tuple[float, float, float] | None = None
-
-    # ------------------------------------------------------------------------------------------------ setup
-
-    def _initial_state(self) -> EnvState:
-        n, m, dev = self.num_envs, self.model, self.device
-        f32 = dict(dtype=torch.float32, device=dev)
-        long = dict(dtype=torch.long, device=dev)
-        return EnvState(
-            q=self._ref_qpos[0].expand(n, m.nq).clone(), qd=torch.zeros(n, m.nv, **f32),
-            frame=torch.zeros(n, **long), episode_steps=torch.zeros(n, **long),
-            prev_actions=torch.zeros(n, m.nu, **f32), delayed_actions=torch.zeros(n, m.nu, **f32),
-            joint_offset=torch.zeros(n, m.nu, **f32), latency=torch.zeros(n, dtype=torch.bool, device=dev),
-            push_countdown=torch.full((n,), -1, **long), push_vel=torch.zeros(n, 6, **f32),
-            rng_key=torch.zeros(n, **long), env_id=torch.arange(n, **long),
-            physics=self._default_physics if self.domain_randomization.physics_active else None,
-        )
 
     # ------------------------------------------------------------------------------------------------ state
 
@@ -288,15 +203,10 @@ class G1TrackingVectorEnv(VectorEnv):
         self._state = self._state.detach()
 
     def _use_warp(self, on: bool) -> None:
-        """Switch the Warp paths of the step (CPU only) on or off; off, every step runs the torch code, which the
-        Warp paths are tested against (``tests/test_env_warp_features.py``)."""
-        self._warp = bool(on) and self.device.type == "cpu"
-        self.guard.use_warp = self._warp
-        self._features.enabled = self._warp
-        self.draws.use_warp = self._warp
-        self.starts.use_warp = self._warp
-        self.observer.use_warp = self._warp and self.observer.warp is not None
-        self.rules.use_warp = self._warp and self.rules.warp_reward is not None
+        """Switch the Warp paths of the step (CPU only) on or off (:meth:`TrackingParts.set_warp`)."""
+        self.parts.set_warp(on)
+
+    _warp = property(lambda self: self.parts.use_warp, doc="Whether the CPU's Warp paths are on.")
 
     @property
     def feature_fn(self) -> FeatureFn:

@@ -41,6 +41,14 @@ class KinematicsFn:
         B = quat_to_matrix_wxyz(torch.as_tensor(model.body_quat_wxyz, **kw))
         self.B, self.BK, self.BK2 = B, B @ K, B @ K @ K  # [nb, 3, 3]
         self.body_pos = torch.as_tensor(model.body_pos, **kw)
+        self.axis = axis  # [nb, 3] hinge axis in its body's frame (root row unused)
+        ancestor = np.zeros((nb, nb), bool)  # ancestor[b, a]: body a's hinge moves body b (a on b's path, b included)
+        for b in range(1, nb):
+            a = b
+            while a > 0:
+                ancestor[b, a] = True
+                a = parent[a]
+        self.ancestor = torch.as_tensor(ancestor, device=device)
         self.level_idx = [torch.as_tensor(lv, device=device) for lv in levels]
         self.nb = nb
         self.dtype = dtype

@@ -1,0 +1,290 @@
+"""``bcg study methods`` (paper Q3 and Q4): SHAC+BCG, SHAC and PPO compared on finished runs, in MuJoCo.
+
+Input: run directories trained with ``bcg train`` and replayed with ``bcg evaluate RUN`` (8 episodes through the
+whole clip), ideally with their learning curve in MuJoCo (``bcg curve RUN``: every k-th checkpoint replayed the same
+way); runs kept in ``benchmarks/results`` (``config.json``, ``metrics.csv``, ``eval_CLIP.json``,
+``curve_CLIP.csv``) work as well.
+
+* **Q4, tracking after transfer**: per clip and method, falls, mean episode length and E_track in MuJoCo (mean and
+  standard deviation over seeds) and E_track in our simulator, beside the paper's E_track. A policy that falls early
+  averages its error over its easiest seconds, so the episode length stands beside every E_track.
+* **Q3, samples against PPO**: the target is PPO's final MuJoCo point on the clip (the mean over PPO's seeds of its
+  E_track and of its mean episode length, at its final number of samples). A run *reaches* it at the first
+  checkpoint of its curve whose E_track is at or below the target's **and** whose mean episode is at least as long
+  (it stays up as long, or longer, and tracks as well); the ratio is PPO's samples over the run's samples there.
+
+Writes ``results.json``, ``methods.md`` and ``study_methods.png`` (per clip: E_track and mean episode in MuJoCo
+against samples, PPO's final point as a star, each run's reaching checkpoint as a circle).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bcg.evaluation.learning_curve import CurvePoint, read_curve
+from bcg.evaluation.report import PAPER_E_TRACK, pyplot, save_figure, style_axis
+
+__all__ = ["MethodRun", "StudyMethods", "methods_markdown", "methods_plot", "read_runs", "samples_rows",
+           "transfer_rows"]
+
+ORDER: tuple[str, ...] = ("SHAC+BCG", "SHAC (bptt)", "PPO")
+"""Methods in the order tables and plots show them (others after them, by name)."""
+
+
+@dataclass(frozen=True)
+class MethodRun:
+    """One finished run: ``label`` (``SHAC+BCG``, ``SHAC (bptt)``, ``PPO``, ...), ``clip``, ``seed``, ``samples``
+    trained on, its final replay in MuJoCo (``falls`` of ``episodes``, ``episode_s`` [s], ``e_track_cm``) and in our
+    simulator (``bcg_e_track_cm``), and its curve in MuJoCo (empty without ``bcg curve``)."""
+
+    name: str
+    label: str
+    clip: str
+    seed: int
+    samples: int
+    falls: int
+    episodes: int
+    episode_s: float
+    e_track_cm: float
+    bcg_e_track_cm: float
+    curve: tuple[CurvePoint, ...]
+
+
+def _curve_file(run: Path, clip: str) -> Path | None:
+    for path in (run / "eval" / f"curve-{clip}" / "curve.csv", run / f"curve_{clip}.csv"):
+        if path.is_file():
+            return path
+    return None
+
+
+def read_runs(dirs: Sequence[str | Path]) -> list[MethodRun]:
+    """The runs of ``dirs`` (see the module docstring); raises a one-line ``FileNotFoundError`` / ``ValueError`` for a
+    folder that is not a finished, evaluated run."""
+    from bcg.evaluation.compare import read_curve as read_metrics
+    from bcg.evaluation.compare import run_result
+
+    out = []
+    for d in dirs:
+        run = Path(d)
+        res = run_result(run)
+        tr = res["transfer"]
+        metrics = read_metrics(run / "metrics.csv")
+        curve_path = _curve_file(run, res["motion"])
+        out.append(MethodRun(
+            name=run.name, label=res["label"], clip=res["motion"], seed=res["seed"],
+            samples=int(metrics["samples"][-1]) if metrics.get("samples") else 0,
+            falls=int(tr["falls"]), episodes=int(tr["episodes"]), episode_s=float(tr["mean_episode_seconds"]),
+            e_track_cm=float(tr["e_track_cm"]) if tr["e_track_cm"] is not None else math.nan,
+            bcg_e_track_cm=float(tr["bcg_e_track_cm"]) if tr["bcg_e_track_cm"] is not None else math.nan,
+            curve=tuple(read_curve(curve_path)) if curve_path else ()))
+    return out
+
+
+def _grouped(runs: Sequence[MethodRun]) -> dict[str, dict[str, list[MethodRun]]]:
+    """``{clip: {label: runs}}`` with the clips and methods in display order."""
+    clips: dict[str, dict[str, list[MethodRun]]] = {}
+    for r in runs:
+        clips.setdefault(r.clip, {}).setdefault(r.label, []).append(r)
+    return {c: {m: sorted(clips[c][m], key=lambda r: r.seed) for m in sorted(clips[c], key=_method_key)}
+            for c in sorted(clips, key=_clip_key)}
+
+
+def _clip_key(clip: str) -> tuple[int, str]:
+    """The packaged clips in the paper's order, then the user's clips by name."""
+    order = ("run", "jump", "fight", "dance")
+    return (order.index(clip) if clip in order else len(order), clip)
+
+
+def _method_key(label: str) -> tuple[int, str]:
+    return (ORDER.index(label) if label in ORDER else len(ORDER), label)
+
+
+def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
+    xs = [x for x in xs if math.isfinite(x)]
+    if not xs:
+        return math.nan, math.nan
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def transfer_rows(runs: Sequence[MethodRun]) -> list[dict[str, Any]]:
+    """Q4: one row per clip and method: seeds, falls of episodes, mean episode [s] and E_track in MuJoCo [cm] (mean
+    and std over seeds), E_track in our simulator, mean samples, and the paper's E_track where it has one."""
+    rows = []
+    for clip, methods in _grouped(runs).items():
+        for label, rs in methods.items():
+            e, e_sd = _mean_std([r.e_track_cm for r in rs])
+            ep, ep_sd = _mean_std([r.episode_s for r in rs])
+            paper = PAPER_E_TRACK.get(clip, {}).get(label)
+            rows.append({"clip": clip, "method": label, "seeds": [r.seed for r in rs], "runs": [r.name for r in rs],
+                         "falls": sum(r.falls for r in rs), "episodes": sum(r.episodes for r in rs),
+                         "episode_s": ep, "episode_std": ep_sd, "e_track_cm": e, "e_track_std": e_sd,
+                         "bcg_e_track_cm": _mean_std([r.bcg_e_track_cm for r in rs])[0],
+                         "samples": statistics.fmean(r.samples for r in rs),
+                         "paper_e_track_cm": None if paper is None else paper[0]})
+    return rows
+
+
+def first_reaching(curve: Sequence[CurvePoint], e_track_cm: float, episode_s: float) -> CurvePoint | None:
+    """The first point of ``curve`` (in training order) at or below ``e_track_cm`` in MuJoCo with a mean episode of at
+    least ``episode_s``; None when no checkpoint does."""
+    for p in sorted(curve, key=lambda p: p.samples):
+        if p.mujoco_e_track_cm <= e_track_cm and p.mujoco_mean_episode_s >= episode_s:
+            return p
+    return None
+
+
+def samples_rows(runs: Sequence[MethodRun], baseline: str = "PPO") -> list[dict[str, Any]]:
+    """Q3: per clip with a ``baseline`` run, the target (its final E_track, mean episode and samples, means over its
+    seeds) and per other run the samples of its first checkpoint that reaches it (:func:`first_reaching`) and the
+    ratio baseline samples / those samples (None where not reached or without a curve)."""
+    rows = []
+    for clip, methods in _grouped(runs).items():
+        base = methods.get(baseline)
+        if not base:
+            continue
+        target_e = statistics.fmean(r.e_track_cm for r in base)
+        target_ep = statistics.fmean(r.episode_s for r in base)
+        target_samples = statistics.fmean(r.samples for r in base)
+        for label, rs in methods.items():
+            if label == baseline:
+                continue
+            for r in rs:
+                hit = first_reaching(r.curve, target_e, target_ep) if r.curve else None
+                rows.append({"clip": clip, "method": label, "run": r.name, "seed": r.seed,
+                             "target_e_track_cm": target_e, "target_episode_s": target_ep,
+                             "baseline_samples": target_samples, "has_curve": bool(r.curve),
+                             "samples": None if hit is None else hit.samples,
+                             "wall_time_s": None if hit is None else hit.wall_time_s,
+                             "ratio": None if hit is None else target_samples / max(hit.samples, 1)})
+    return rows
+
+
+def methods_plot(runs: Sequence[MethodRun], samples: Sequence[dict[str, Any]], path: Path,
+                 baseline: str = "PPO") -> Path:
+    """``study_methods.png``: per clip (columns), E_track and mean episode in MuJoCo against samples (rows); one line
+    per run, colour per method; the baseline's final point a star, each run's reaching checkpoint a circle."""
+    plt = pyplot()
+    grouped = _grouped(runs)
+    clips = [c for c, ms in grouped.items() if any(r.curve for rs in ms.values() for r in rs)]
+    if not clips:
+        raise ValueError("no run has a learning curve in MuJoCo: run `bcg curve RUN` first")
+    fig, axes = plt.subplots(2, len(clips), figsize=(4.4 * len(clips), 6.0), squeeze=False)
+    labels = sorted({r.label for r in runs}, key=_method_key)
+    color = {m: f"C{i}" for i, m in enumerate(labels)}
+    hits = {(s["clip"], s["run"]): s for s in samples if s["samples"] is not None}
+    for col, clip in enumerate(clips):
+        top, bottom = axes[0][col], axes[1][col]
+        for label, rs in grouped[clip].items():
+            for k, r in enumerate(rs):
+                pts = sorted(r.curve, key=lambda p: p.samples)
+                if not pts:
+                    continue
+                x = [p.samples for p in pts]
+                kw = dict(color=color[label], lw=1.0, alpha=0.85, ls="-" if k == 0 else "--",
+                          label=f"{label} s{r.seed}")
+                top.plot(x, [p.mujoco_e_track_cm for p in pts], **kw)
+                bottom.plot(x, [p.mujoco_mean_episode_s for p in pts], **kw)
+                h = hits.get((clip, r.name))
+                if h is not None:
+                    p = next(p for p in pts if p.samples == h["samples"])
+                    top.plot([p.samples], [p.mujoco_e_track_cm], "o", color=color[label], ms=5)
+                    bottom.plot([p.samples], [p.mujoco_mean_episode_s], "o", color=color[label], ms=5)
+        base = grouped[clip].get(baseline, [])
+        for r in base:
+            top.plot([r.samples], [r.e_track_cm], "*", color=color[baseline], ms=11)
+            bottom.plot([r.samples], [r.episode_s], "*", color=color[baseline], ms=11)
+        if base:
+            top.axhline(statistics.fmean(r.e_track_cm for r in base), color=color[baseline], lw=0.7, ls=":")
+            bottom.axhline(statistics.fmean(r.episode_s for r in base), color=color[baseline], lw=0.7, ls=":")
+        top.set_title(clip, fontsize=9)
+        top.set_ylabel("E_track in MuJoCo [cm]", fontsize=8)
+        bottom.set_ylabel("mean episode in MuJoCo [s]", fontsize=8)
+        bottom.set_xlabel("environment samples", fontsize=8)
+        for ax in (top, bottom):
+            ax.set_xscale("log")
+            style_axis(ax)
+        top.legend(fontsize=6)
+    return save_figure(fig, path)
+
+
+def _f(x: float | None, fmt: str = ".1f") -> str:
+    return "–" if x is None or not math.isfinite(x) else format(x, fmt)
+
+
+def _m(x: float | None) -> str:
+    return "–" if x is None or not math.isfinite(x) else f"{x / 1e6:.2f} M"
+
+
+def methods_markdown(transfer: Sequence[dict[str, Any]], samples: Sequence[dict[str, Any]],
+                     figure: str | None = "study_methods.png") -> str:
+    """Markdown of both tables (Q4 first, then Q3)."""
+    lines = ["# SHAC+BCG, SHAC and PPO in MuJoCo (paper Q3 and Q4)", "",
+             "Each run's final policy replayed in MuJoCo with `bcg evaluate`'s protocol (8 episodes through the whole "
+             "clip). Means over seeds, ± the standard deviation where there are several.", "",
+             "## Tracking after transfer (Q4)", "",
+             "| clip | method | seeds | falls | mean episode [s] | E_track MuJoCo [cm] | E_track ours [cm] | samples "
+             "| paper's E_track [cm] |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in transfer:
+        sd = f" ± {r['e_track_std']:.1f}" if len(r["seeds"]) > 1 else ""
+        lines.append(f"| {r['clip']} | {r['method']} | {len(r['seeds'])} | {r['falls']} of {r['episodes']} | "
+                     f"{_f(r['episode_s'])} | {_f(r['e_track_cm'])}{sd} | {_f(r['bcg_e_track_cm'])} | "
+                     f"{_m(r['samples'])} | {_f(r['paper_e_track_cm'])} |")
+    lines += ["", "## Samples to reach PPO's final point (Q3)", "",
+              "Target: PPO's final E_track in MuJoCo and its mean episode length (means over its seeds). A run reaches "
+              "it at its first checkpoint (of `bcg curve`) that tracks at least as well and stays up at least as "
+              "long; ratio: PPO's samples over the run's samples there (the paper: more than 10x for SHAC+BCG). "
+              "Samples count environment steps of the training rollouts (a bundle's branches not included); the curve "
+              "replays every k-th checkpoint, so a reaching point is an upper bound within one stride.", "",
+              "| clip | method | run | target: E_track [cm], episode [s] | PPO's samples | samples to reach | "
+              "wall time [s] | ratio |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in samples:
+        reach = _m(r["samples"]) if r["samples"] is not None else ("no curve" if not r["has_curve"] else
+                                                                   "not reached")
+        lines.append(f"| {r['clip']} | {r['method']} | {r['run']} | {_f(r['target_e_track_cm'])}, "
+                     f"{_f(r['target_episode_s'], '.2f')} | {_m(r['baseline_samples'])} | {reach} | "
+                     f"{_f(r['wall_time_s'], '.0f')} | {_f(r['ratio'])} |")
+    if not samples:
+        lines.append("| – | no clip has a PPO run among the runs given | | | | | | |")
+    if figure:
+        lines += ["", f"![E_track and mean episode in MuJoCo against samples]({figure})"]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class StudyMethods:
+    """SHAC+BCG, SHAC and PPO compared on finished runs in MuJoCo (paper Q3 and Q4): tracking after transfer per clip
+    and method, and the samples each run needs to reach PPO's final point (tables, JSON, a figure)."""
+
+    runs: tuple[Path, ...] = ()
+    """Finished run directories (``bcg train`` then ``bcg evaluate RUN``; ``bcg curve RUN`` for Q3), any clips and
+    methods."""
+    out: Path = Path("runs/study_methods")
+    """Output folder: results.json, methods.md, study_methods.png."""
+    baseline: str = "PPO"
+    """The method whose final point the others must reach (Q3)."""
+
+    def run(self) -> int:
+        from bcg.errors import UserError
+
+        if not self.runs:
+            raise UserError("bcg study methods needs --runs RUN [RUN ...] (finished, evaluated runs)")
+        try:
+            runs = read_runs(self.runs)
+        except (FileNotFoundError, ValueError, KeyError) as exc:
+            raise UserError(str(exc)) from None
+        transfer, samples = transfer_rows(runs), samples_rows(runs, self.baseline)
+        self.out.mkdir(parents=True, exist_ok=True)
+        figure = None
+        if any(r.curve for r in runs):
+            methods_plot(runs, samples, self.out / "study_methods.png", self.baseline)
+            figure = "study_methods.png"
+        (self.out / "results.json").write_text(json.dumps({"transfer": transfer, "samples": samples}, indent=1))
+        (self.out / "methods.md").write_text(methods_markdown(transfer, samples, figure))
+        print(f"[study methods] {len(runs)} runs -> {self.out / 'methods.md'}")
+        return 0
