@@ -20,8 +20,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-LEVERS: tuple[str, ...] = ("domain_randomization", "adaptive_start", "termination_anchor_height",
-                           "termination_gravity_z", "termination_end_effector_height", "replay_threshold",
+LEVERS: tuple[str, ...] = ("domain_randomization", "adaptive_start", "adaptive_start_credit",
+                           "termination_anchor_height", "termination_gravity_z", "termination_end_effector_height",
+                           "replay_threshold",
                            "action_scale_torque", "soft_contact_timeconst", "contact_beta", "contact_randomization",
                            "torque_limit_randomization")
 """TrainConfig fields a run of this table may set apart from `bcg train`'s defaults."""
@@ -118,8 +119,8 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s), --adaptive-start-credit start", ("def60-bcg-jazzwalk-credit-s0",
                                                                                      "def60-bcg-jazzwalk-credit-s1")),
 )
-"""`bcg train --motion CLIP --estimator bcg --max-time-s T` with no other flag (the last row: one flag), per clip; the seeds kept so far (a
-group is printed with the seeds it has)."""
+"""`bcg train --motion CLIP --estimator bcg --max-time-s T` with no other flag (the last row: one flag), per clip; the
+seeds kept so far (a group is printed with the seeds it has)."""
 
 JUMP_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stay-up layers, schedule over about 2000 iterations (1500 s)", ("drlay2k-bcg-jump-s0", "drlay2k-bcg-jump-s1")),

@@ -37,6 +37,8 @@ from typing import Any
 
 import torch
 
+from bcg.sim import ContactParams
+
 __all__ = ["EstimatorRun", "PeakMemory", "TrackingPolicy", "VarianceStudy", "WindowSet", "bootstrap_summed_variance",
            "estimator_gradients", "jittered_copies", "make_estimator", "make_study_env", "observation_normaliser",
            "run_study", "start_states", "study_dict", "summarize", "summed_variance",
@@ -50,7 +52,7 @@ class VarianceStudy:
     clip: str = "jump"
     """Reference clip of the environment: ``run``, ``jump``, ``fight``, ``dance`` (``BCG-G1-<Clip>-v0``) or the path
     of a motion file (``.npz`` / ``.csv``, as ``bcg train --motion``)."""
-    kappa: float = 300.0
+    kappa: float = ContactParams.kappa
     """Contact stiffness of the simulator [1/m]."""
     num_envs: int = 64
     """E, environments (start states) per seed; the variance is taken across them."""

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from bcg.evaluation.report import pyplot, save_figure, style_axis
+from bcg.sim import ContactParams
 
 __all__ = ["CheckpointPolicy", "StudyVariance", "check_estimator_specs", "run_checkpoints", "variance_markdown",
            "variance_plot"]
@@ -61,7 +62,7 @@ class StudyVariance:
     ratios."""
     clips: tuple[str, ...] = ("jump",)
     """Clips: run, jump, fight, dance, or motion files (.npz / .csv, as bcg train --motion)."""
-    kappas: tuple[float, ...] = (300.0,)
+    kappas: tuple[float, ...] = (ContactParams.kappa,)
     """Contact stiffnesses [1/m]."""
     windows: tuple[int, ...] = (8, 16, 32)
     """Window lengths T [control steps]."""
@@ -149,7 +150,7 @@ class StudyVariance:
             for it, ckpt in chosen:
                 policy = load_policy(export_run(ckpt, self.out / "policies" / run_dir.name / f"iter_{it:06d}.pt"))
                 clip = policy_motion(policy.motion)  # a packaged name, or the run's own file (its hash checked)
-                kappa = float(policy.meta.get("env", {}).get("kappa") or 300.0)
+                kappa = float(policy.meta.get("env", {}).get("kappa") or ContactParams.kappa)
                 if made_for != (str(clip), kappa):
                     env, made_for = make_study_env(clip, kappa, 2 * self.num_envs, self.device), (str(clip), kappa)
                 cp = CheckpointPolicy(policy)
