@@ -86,6 +86,8 @@ def test_study_methods_tables_figure_and_kept_runs(tmp_path: Path) -> None:
     assert "| jump | SHAC+BCG | bcg-s0 | 23.0, 4.50 | 4.00 M | 0.50 M | 500 | 8.0 |" in md
     assert "not reached" in md and "no curve" in md
     assert (out / "study_methods.png").stat().st_size > 10_000
+    assert (out / "study_methods_wall_time.png").stat().st_size > 10_000
+    assert runs[-2].wall_time_s == 2.0  # the last row of metrics.csv
     assert json.loads((out / "results.json").read_text())["samples"][0]["clip"] == "jump"
 
 

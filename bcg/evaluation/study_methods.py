@@ -13,8 +13,9 @@ way); runs kept in ``benchmarks/results`` (``config.json``, ``metrics.csv``, ``e
   checkpoint of its curve whose E_track is at or below the target's **and** whose mean episode is at least as long
   (it stays up as long, or longer, and tracks as well); the ratio is PPO's samples over the run's samples there.
 
-Writes ``results.json``, ``methods.md`` and ``study_methods.png`` (per clip: E_track and mean episode in MuJoCo
-against samples, PPO's final point as a star, each run's reaching checkpoint as a circle).
+Writes ``results.json``, ``methods.md``, ``study_methods.png`` (per clip: fall rate, mean episode and E_track in
+MuJoCo against samples, PPO's final point as a star, each run's reaching checkpoint as a circle) and
+``study_methods_wall_time.png`` (the same against training wall time).
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ class MethodRun:
     e_track_cm: float
     bcg_e_track_cm: float
     curve: tuple[CurvePoint, ...]
+    wall_time_s: float = math.nan
+    """Training wall time [s] at the end of the run."""
 
 
 def _curve_file(run: Path, clip: str) -> Path | None:
@@ -82,7 +85,8 @@ def read_runs(dirs: Sequence[str | Path]) -> list[MethodRun]:
             falls=int(tr["falls"]), episodes=int(tr["episodes"]), episode_s=float(tr["mean_episode_seconds"]),
             e_track_cm=float(tr["e_track_cm"]) if tr["e_track_cm"] is not None else math.nan,
             bcg_e_track_cm=float(tr["bcg_e_track_cm"]) if tr["bcg_e_track_cm"] is not None else math.nan,
-            curve=tuple(read_curve(curve_path)) if curve_path else ()))
+            curve=tuple(read_curve(curve_path)) if curve_path else (),
+            wall_time_s=float(metrics["wall_time_s"][-1]) if metrics.get("wall_time_s") else math.nan))
     return out
 
 
@@ -165,51 +169,67 @@ def samples_rows(runs: Sequence[MethodRun], baseline: str = "PPO") -> list[dict[
     return rows
 
 
+PLOT_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("fall rate in MuJoCo", "fall_rate", "fall_rate"),
+    ("mean episode in MuJoCo [s]", "mujoco_mean_episode_s", "episode_s"),
+    ("E_track in MuJoCo [cm]", "mujoco_e_track_cm", "e_track_cm"),
+)
+"""Rows of :func:`methods_plot`: (axis label, CurvePoint attribute, MethodRun attribute)."""
+
+X_AXES: dict[str, str] = {"samples": "environment samples", "wall_time_s": "training wall time [s]"}
+
+
+def _value(obj: Any, attr: str) -> float:
+    if attr == "fall_rate":  # CurvePoint or MethodRun
+        falls, episodes = ((obj.mujoco_falls, obj.mujoco_episodes) if isinstance(obj, CurvePoint)
+                           else (obj.falls, obj.episodes))
+        return falls / max(episodes, 1)
+    return float(getattr(obj, attr))
+
+
 def methods_plot(runs: Sequence[MethodRun], samples: Sequence[dict[str, Any]], path: Path,
-                 baseline: str = "PPO") -> Path:
-    """``study_methods.png``: per clip (columns), E_track and mean episode in MuJoCo against samples (rows); one line
-    per run, colour per method; the baseline's final point a star, each run's reaching checkpoint a circle."""
+                 baseline: str = "PPO", x: str = "samples") -> Path:
+    """``study_methods.png``: per clip (columns), fall rate, mean episode and E_track in MuJoCo (rows) against
+    ``x`` (``samples``, log scale, or ``wall_time_s``); one line per run, colour per method, seed 0 solid and others
+    dashed; the baseline's final point a star (its mean a dotted line), each run's reaching checkpoint a circle."""
+    if x not in X_AXES:
+        raise ValueError(f"x must be one of {sorted(X_AXES)}, got {x!r}")
     plt = pyplot()
     grouped = _grouped(runs)
     clips = [c for c, ms in grouped.items() if any(r.curve for rs in ms.values() for r in rs)]
     if not clips:
         raise ValueError("no run has a learning curve in MuJoCo: run `bcg curve RUN` first")
-    fig, axes = plt.subplots(2, len(clips), figsize=(4.4 * len(clips), 6.0), squeeze=False)
+    fig, axes = plt.subplots(len(PLOT_ROWS), len(clips), figsize=(4.2 * len(clips), 8.0), squeeze=False)
     labels = sorted({r.label for r in runs}, key=_method_key)
     color = {m: f"C{i}" for i, m in enumerate(labels)}
     hits = {(s["clip"], s["run"]): s for s in samples if s["samples"] is not None}
     for col, clip in enumerate(clips):
-        top, bottom = axes[0][col], axes[1][col]
+        column = [axes[row][col] for row in range(len(PLOT_ROWS))]
         for label, rs in grouped[clip].items():
             for k, r in enumerate(rs):
                 pts = sorted(r.curve, key=lambda p: p.samples)
                 if not pts:
                     continue
-                x = [p.samples for p in pts]
-                kw = dict(color=color[label], lw=1.0, alpha=0.85, ls="-" if k == 0 else "--",
-                          label=f"{label} s{r.seed}")
-                top.plot(x, [p.mujoco_e_track_cm for p in pts], **kw)
-                bottom.plot(x, [p.mujoco_mean_episode_s for p in pts], **kw)
-                h = hits.get((clip, r.name))
-                if h is not None:
-                    p = next(p for p in pts if p.samples == h["samples"])
-                    top.plot([p.samples], [p.mujoco_e_track_cm], "o", color=color[label], ms=5)
-                    bottom.plot([p.samples], [p.mujoco_mean_episode_s], "o", color=color[label], ms=5)
+                hit = hits.get((clip, r.name))
+                for ax, (_, attr, _) in zip(column, PLOT_ROWS, strict=True):
+                    ax.plot([getattr(p, x) for p in pts], [_value(p, attr) for p in pts], color=color[label],
+                            lw=1.0, alpha=0.85, ls="-" if k == 0 else "--", label=f"{label} s{r.seed}")
+                    if hit is not None:
+                        p = next(p for p in pts if p.samples == hit["samples"])
+                        ax.plot([getattr(p, x)], [_value(p, attr)], "o", color=color[label], ms=5)
         base = grouped[clip].get(baseline, [])
-        for r in base:
-            top.plot([r.samples], [r.e_track_cm], "*", color=color[baseline], ms=11)
-            bottom.plot([r.samples], [r.episode_s], "*", color=color[baseline], ms=11)
-        if base:
-            top.axhline(statistics.fmean(r.e_track_cm for r in base), color=color[baseline], lw=0.7, ls=":")
-            bottom.axhline(statistics.fmean(r.episode_s for r in base), color=color[baseline], lw=0.7, ls=":")
-        top.set_title(clip, fontsize=9)
-        top.set_ylabel("E_track in MuJoCo [cm]", fontsize=8)
-        bottom.set_ylabel("mean episode in MuJoCo [s]", fontsize=8)
-        bottom.set_xlabel("environment samples", fontsize=8)
-        for ax in (top, bottom):
-            ax.set_xscale("log")
+        for ax, (ylabel, _, attr) in zip(column, PLOT_ROWS, strict=True):
+            for r in base:
+                ax.plot([getattr(r, x)], [_value(r, attr)], "*", color=color[baseline], ms=11)
+            if base:
+                ax.axhline(statistics.fmean(_value(r, attr) for r in base), color=color[baseline], lw=0.7, ls=":")
+            ax.set_ylabel(ylabel, fontsize=8)
+            if x == "samples":
+                ax.set_xscale("log")
             style_axis(ax)
-        top.legend(fontsize=6)
+        column[0].set_title(clip, fontsize=9)
+        column[-1].set_xlabel(X_AXES[x], fontsize=8)
+        column[0].legend(fontsize=6)
     return save_figure(fig, path)
 
 
@@ -252,7 +272,9 @@ def methods_markdown(transfer: Sequence[dict[str, Any]], samples: Sequence[dict[
     if not samples:
         lines.append("| – | no clip has a PPO run among the runs given | | | | | | |")
     if figure:
-        lines += ["", f"![E_track and mean episode in MuJoCo against samples]({figure})"]
+        lines += ["", f"![Fall rate, mean episode and E_track in MuJoCo against samples]({figure})",
+                  "", f"Against training wall time: [{figure.replace('.png', '_wall_time.png')}]"
+                  f"({figure.replace('.png', '_wall_time.png')})"]
     return "\n".join(lines) + "\n"
 
 
@@ -265,7 +287,7 @@ class StudyMethods:
     """Finished run directories (``bcg train`` then ``bcg evaluate RUN``; ``bcg curve RUN`` for Q3), any clips and
     methods."""
     out: Path = Path("runs/study_methods")
-    """Output folder: results.json, methods.md, study_methods.png."""
+    """Output folder: results.json, methods.md, study_methods.png, study_methods_wall_time.png."""
     baseline: str = "PPO"
     """The method whose final point the others must reach (Q3)."""
 
@@ -283,6 +305,7 @@ class StudyMethods:
         figure = None
         if any(r.curve for r in runs):
             methods_plot(runs, samples, self.out / "study_methods.png", self.baseline)
+            methods_plot(runs, samples, self.out / "study_methods_wall_time.png", self.baseline, x="wall_time_s")
             figure = "study_methods.png"
         (self.out / "results.json").write_text(json.dumps({"transfer": transfer, "samples": samples}, indent=1))
         (self.out / "methods.md").write_text(methods_markdown(transfer, samples, figure))
