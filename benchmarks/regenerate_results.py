@@ -1,0 +1,90 @@
+"""Every results table and figure of the README and docs/ that comes from kept training runs, regenerated in one go.
+
+The runs live in ``benchmarks/results/stay_up/RUN/`` (``config.json``, ``metrics.csv``, ``eval_CLIP.json`` and, where
+``bcg curve`` ran, ``curve_CLIP.csv``). This script runs, in order:
+
+1. ``benchmarks/transfer_tables.py --write docs/shac.md README.md`` (the whole-clip transfer tables);
+2. ``bcg study methods`` on the default runs of the four clips (Q3, Q4) -> ``benchmarks/results/study_methods`` and
+   ``docs/img/study_methods*.png``;
+3. ``bcg study stiffness`` on the dance runs at four stiffnesses (Q1) -> ``benchmarks/results/stiffness_dance`` and
+   ``docs/img/study_stiffness_dance.png``;
+4. ``benchmarks/mujoco_curves.py`` for the curve figures of docs/shac.md.
+
+    python benchmarks/regenerate_results.py            # about a minute; needs only the kept files
+    python benchmarks/regenerate_results.py --list     # the commands, without running them
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+KEPT = ROOT / "benchmarks" / "results" / "stay_up"
+IMG = ROOT / "docs" / "img"
+
+METHOD_RUNS: tuple[str, ...] = (
+    "ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bptt-run-s0", "ts-ppo-run-s0",
+    "def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bptt-jump-s0", "def60-bptt-jump-s1", "def60-ppo-jump-s0",
+    "def-bcg-fight-s0", "def-bcg-fight-s1", "def-bcg-dance-s0", "def-bcg-dance-s1",
+)
+"""`bcg train`'s default settings per clip and method (run, fight, dance 1200 s; jump 3600 s)."""
+
+STIFFNESS_RUNS: tuple[str, ...] = (
+    "k50-bcg-dance-s0", "k50-bcg-dance-s1", "k100-bcg-dance-s0", "def-bcg-dance-s0", "def-bcg-dance-s1",
+    "k1000-bcg-dance-s0", "k1000-bcg-dance-s1",
+)
+"""SHAC+BCG on the dance, 1200 s, at kappa = 50, 100, 300 (the default runs) and 1000."""
+
+CURVE_FIGURES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("mujoco_curves.png", ()),  # every kept run with a curve
+    ("mujoco_curves_jump_methods.png", ("def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bptt-jump-s0",
+                                        "def60-bptt-jump-s1", "def60-ppo-jump-s0")),
+    ("mujoco_curves_jazzwalk_credit.png", ("def60-bcg-jazzwalk-s0", "def60-bcg-jazzwalk-s1",
+                                           "def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")),
+)
+"""docs/shac.md's curve figures: (file under docs/img, runs; empty: all)."""
+
+
+def kept(names: tuple[str, ...]) -> list[str]:
+    """The paths (from the repository root) of the runs ``names`` that are kept (a run not kept yet is left out)."""
+    return [str((KEPT / n).relative_to(ROOT)) for n in names if (KEPT / n).is_dir()]
+
+
+def commands() -> list[list[str]]:
+    """The commands, in order (argv lists, run from the repository root)."""
+    py, bcg = sys.executable, [sys.executable, "-m", "bcg.cli"]
+    out = [[py, "benchmarks/transfer_tables.py", "--write", "docs/shac.md", "README.md"],
+           [*bcg, "study", "methods", "--runs", *kept(METHOD_RUNS), "--out", "benchmarks/results/study_methods"],
+           [*bcg, "study", "stiffness", "--runs", *kept(STIFFNESS_RUNS), "--out",
+            "benchmarks/results/stiffness_dance"]]
+    for name, runs in CURVE_FIGURES:
+        out.append([py, "benchmarks/mujoco_curves.py", "--sims", "mujoco", "--out", str(IMG / name),
+                    *(["--runs", *runs] if runs else [])])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--list", action="store_true", help="print the commands instead of running them")
+    args = ap.parse_args()
+    for cmd in commands():
+        shown = " ".join(Path(c).name if c == sys.executable else c for c in cmd).replace(str(ROOT) + "/", "")
+        print(f"$ {shown}", flush=True)
+        if not args.list:
+            subprocess.run(cmd, cwd=ROOT, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if args.list:
+        return
+    for src, dst in (("study_methods/study_methods.png", "study_methods.png"),
+                     ("study_methods/study_methods_wall_time.png", "study_methods_wall_time.png"),
+                     ("stiffness_dance/study_stiffness.png", "study_stiffness_dance.png")):
+        shutil.copy(ROOT / "benchmarks" / "results" / src, IMG / dst)
+    print("copied the study figures into docs/img")
+
+
+if __name__ == "__main__":
+    main()
