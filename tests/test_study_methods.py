@@ -21,14 +21,14 @@ def _point(samples: int, e_track: float, episode: float, falls: int = 0) -> Curv
 
 
 def _run(root: Path, name: str, agent: str, estimator: str | None, seed: int, final: tuple[float, float, int],
-         curve: list[CurvePoint] | None, kept: bool = False) -> Path:
+         curve: list[CurvePoint] | None, kept: bool = False, **settings: object) -> Path:
     """A finished run: config.json, metrics.csv, the final replay (eval/jump/metrics.json, or eval_jump.json when
     ``kept``) with ``final`` = (E_track [cm], mean episode [s], falls), and the curve (eval/curve-jump/curve.csv or
     curve_jump.csv)."""
     run = root / name
     run.mkdir(parents=True)
     cfg = {"agent": agent, "motion": "jump", "seed": seed, "kappa": None, "max_time_s": 60.0,
-           "estimator": None if estimator is None else {"name": estimator}}
+           "estimator": None if estimator is None else {"name": estimator}, **settings}
     (run / "config.json").write_text(json.dumps(cfg))
     last = curve[-1].samples if curve else 1000
     (run / "metrics.csv").write_text(f"iteration,samples,wall_time_s\n1,500,1.0\n2,{last},2.0\n")
@@ -97,3 +97,21 @@ def test_study_methods_refuses(tmp_path: Path, capsys: pytest.CaptureFixture) ->
     assert main(["study", "methods", "--runs", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "config.json not found" in err and len(err.strip().splitlines()) == 1
+
+
+def test_runs_of_one_method_with_other_settings_are_labelled_apart(tmp_path: Path) -> None:
+    """Two SHAC+BCG runs that differ in a setting (and a seed) are two rows, each named by the difference; two seeds
+    of the same setting are one row."""
+    runs = read_runs([
+        _run(tmp_path, "a-s0", "shac", "bcg", 0, (10.0, 9.0, 0), None),
+        _run(tmp_path, "a-s1", "shac", "bcg", 1, (12.0, 9.0, 0), None),
+        _run(tmp_path, "b-s0", "shac", "bcg", 0, (8.0, 9.0, 0), None, adaptive_start_credit="start"),
+        _run(tmp_path, "t-s0", "shac", "bcg", 0, (9.0, 9.0, 0), None, max_time_s=120.0),
+    ])
+    labels = {r.name: r.label for r in runs}
+    assert labels["a-s0"] == labels["a-s1"] == "SHAC+BCG [adaptive_start_credit=end, max_time_s=60.0]"
+    assert labels["b-s0"] == "SHAC+BCG [adaptive_start_credit=start, max_time_s=60.0]"
+    assert labels["t-s0"] == "SHAC+BCG [adaptive_start_credit=end, max_time_s=120.0]"
+    rows = transfer_rows(runs)
+    assert sorted(len(r["seeds"]) for r in rows) == [1, 1, 2]
+    assert all(r["paper_e_track_cm"] == 18.6 for r in rows)  # the paper's figure of the method, whatever the setting

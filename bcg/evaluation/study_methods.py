@@ -20,6 +20,7 @@ MuJoCo against samples, PPO's final point as a star, each run's reaching checkpo
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -57,6 +58,10 @@ class MethodRun:
     curve: tuple[CurvePoint, ...]
     wall_time_s: float = math.nan
     """Training wall time [s] at the end of the run."""
+    settings: tuple[tuple[str, Any], ...] = ()
+    """The run's training config, flattened (``shac.horizon``, ``estimator.tau``, ...), without the fields that do
+    not change what it computes (seed, paths, threads, progress); runs of one method that differ here are labelled
+    apart (:func:`label_by_settings`)."""
 
 
 def _curve_file(run: Path, clip: str) -> Path | None:
@@ -79,6 +84,7 @@ def read_runs(dirs: Sequence[str | Path]) -> list[MethodRun]:
         tr = res["transfer"]
         metrics = read_metrics(run / "metrics.csv")
         curve_path = _curve_file(run, res["motion"])
+        cfg = json.loads((run / "config.json").read_text())
         out.append(MethodRun(
             name=run.name, label=res["label"], clip=res["motion"], seed=res["seed"],
             samples=int(metrics["samples"][-1]) if metrics.get("samples") else 0,
@@ -86,7 +92,48 @@ def read_runs(dirs: Sequence[str | Path]) -> list[MethodRun]:
             e_track_cm=float(tr["e_track_cm"]) if tr["e_track_cm"] is not None else math.nan,
             bcg_e_track_cm=float(tr["bcg_e_track_cm"]) if tr["bcg_e_track_cm"] is not None else math.nan,
             curve=tuple(read_curve(curve_path)) if curve_path else (),
-            wall_time_s=float(metrics["wall_time_s"][-1]) if metrics.get("wall_time_s") else math.nan))
+            wall_time_s=float(metrics["wall_time_s"][-1]) if metrics.get("wall_time_s") else math.nan,
+            settings=_settings(cfg)))
+    return label_by_settings(out)
+
+
+_NOT_SETTINGS = frozenset({"seed", "motion", "estimator.seed"})
+"""Config fields that tell runs of one setting apart (seeds and the clip) rather than the setting itself."""
+
+
+def _settings(cfg: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """``config.json`` as flat ``(key, value)`` pairs, read the way ``bcg train`` reads it (a run written before a
+    field existed gets the value it ran with), without run-control and recorded fields (the budget is kept)."""
+    from bcg.agents.train_config import RECORDED_FIELDS, RUN_CONTROL_FIELDS, config_from_dict, config_to_dict
+
+    skip = (set(RUN_CONTROL_FIELDS) - {"iterations", "max_time_s"}) | set(RECORDED_FIELDS) | _NOT_SETTINGS
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}{k}.", v)
+        else:
+            flat[prefix[:-1]] = tuple(value) if isinstance(value, list) else value
+
+    walk("", config_to_dict(config_from_dict(cfg)))
+    return tuple(sorted((k, v) for k, v in flat.items() if k not in skip))
+
+
+def label_by_settings(runs: Sequence[MethodRun]) -> list[MethodRun]:
+    """``runs`` with the labels of runs of one clip and method that differ in their settings extended by the
+    differences (``SHAC+BCG [adaptive_start_credit=start]``), so that tables never average unlike runs."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, r in enumerate(runs):
+        groups.setdefault((r.clip, r.label), []).append(i)
+    out = list(runs)
+    for idx in groups.values():
+        dicts = [dict(runs[i].settings) for i in idx]
+        keys = sorted({k for d in dicts for k in d if len({repr(e.get(k)) for e in dicts}) > 1})
+        for i, d in zip(idx, dicts, strict=True):
+            if keys:
+                extra = ", ".join(f"{k}={d.get(k)}" for k in keys)
+                out[i] = dataclasses.replace(runs[i], label=f"{runs[i].label} [{extra}]")
     return out
 
 
@@ -105,8 +152,14 @@ def _clip_key(clip: str) -> tuple[int, str]:
     return (order.index(clip) if clip in order else len(order), clip)
 
 
+def _base(label: str) -> str:
+    """The method of a label (``SHAC+BCG [tau=300]`` -> ``SHAC+BCG``)."""
+    return label.split(" [", 1)[0]
+
+
 def _method_key(label: str) -> tuple[int, str]:
-    return (ORDER.index(label) if label in ORDER else len(ORDER), label)
+    base = _base(label)
+    return (ORDER.index(base) if base in ORDER else len(ORDER), label)
 
 
 def _mean_std(xs: Sequence[float]) -> tuple[float, float]:
@@ -124,7 +177,7 @@ def transfer_rows(runs: Sequence[MethodRun]) -> list[dict[str, Any]]:
         for label, rs in methods.items():
             e, e_sd = _mean_std([r.e_track_cm for r in rs])
             ep, ep_sd = _mean_std([r.episode_s for r in rs])
-            paper = PAPER_E_TRACK.get(clip, {}).get(label)
+            paper = PAPER_E_TRACK.get(clip, {}).get(_base(label))
             rows.append({"clip": clip, "method": label, "seeds": [r.seed for r in rs], "runs": [r.name for r in rs],
                          "falls": sum(r.falls for r in rs), "episodes": sum(r.episodes for r in rs),
                          "episode_s": ep, "episode_std": ep_sd, "e_track_cm": e, "e_track_std": e_sd,
@@ -149,14 +202,14 @@ def samples_rows(runs: Sequence[MethodRun], baseline: str = "PPO") -> list[dict[
     ratio baseline samples / those samples (None where not reached or without a curve)."""
     rows = []
     for clip, methods in _grouped(runs).items():
-        base = methods.get(baseline)
+        base = [r for label, rs in methods.items() if _base(label) == baseline for r in rs]
         if not base:
             continue
         target_e = statistics.fmean(r.e_track_cm for r in base)
         target_ep = statistics.fmean(r.episode_s for r in base)
         target_samples = statistics.fmean(r.samples for r in base)
         for label, rs in methods.items():
-            if label == baseline:
+            if _base(label) == baseline:
                 continue
             for r in rs:
                 hit = first_reaching(r.curve, target_e, target_ep) if r.curve else None
@@ -202,6 +255,7 @@ def methods_plot(runs: Sequence[MethodRun], samples: Sequence[dict[str, Any]], p
     fig, axes = plt.subplots(len(PLOT_ROWS), len(clips), figsize=(4.2 * len(clips), 8.0), squeeze=False)
     labels = sorted({r.label for r in runs}, key=_method_key)
     color = {m: f"C{i}" for i, m in enumerate(labels)}
+    color.setdefault(baseline, f"C{len(labels)}")
     hits = {(s["clip"], s["run"]): s for s in samples if s["samples"] is not None}
     for col, clip in enumerate(clips):
         column = [axes[row][col] for row in range(len(PLOT_ROWS))]
@@ -217,10 +271,10 @@ def methods_plot(runs: Sequence[MethodRun], samples: Sequence[dict[str, Any]], p
                     if hit is not None:
                         p = next(p for p in pts if p.samples == hit["samples"])
                         ax.plot([getattr(p, x)], [_value(p, attr)], "o", color=color[label], ms=5)
-        base = grouped[clip].get(baseline, [])
+        base = [r for label, rs in grouped[clip].items() if _base(label) == baseline for r in rs]
         for ax, (ylabel, _, attr) in zip(column, PLOT_ROWS, strict=True):
             for r in base:
-                ax.plot([getattr(r, x)], [_value(r, attr)], "*", color=color[baseline], ms=11)
+                ax.plot([getattr(r, x)], [_value(r, attr)], "*", color=color[r.label], ms=11)
             if base:
                 ax.axhline(statistics.fmean(_value(r, attr) for r in base), color=color[baseline], lw=0.7, ls=":")
             ax.set_ylabel(ylabel, fontsize=8)
