@@ -313,7 +313,7 @@ def methods_markdown(transfer: Sequence[dict[str, Any]], samples: Sequence[dict[
               "Target: PPO's final E_track in MuJoCo and its mean episode length (means over its seeds). A run reaches "
               "it at its first checkpoint (of `bcg curve`) that tracks at least as well and stays up at least as "
               "long; ratio: PPO's samples over the run's samples there (the paper: more than 10x for SHAC+BCG). "
-              "Samples count environment steps of the training rollouts (a bundle's branches not included); the curve "
+              "Samples count every simulated environment step of training, a bundle's branches included; the curve "
               "replays every k-th checkpoint, so a reaching point is an upper bound within one stride.", "",
               "| clip | method | run | target: E_track [cm], episode [s] | PPO's samples | samples to reach | "
               "wall time [s] | ratio |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
