@@ -3,15 +3,18 @@
 tyro catches a ``ValueError`` raised while it builds the top-level dataclass (a ``__post_init__`` check) and draws it
 in a box of several lines. :func:`parse_command` lets tyro fill a copy of the class whose ``__post_init__`` does
 nothing, then builds the real class from the parsed fields: a refused value reaches the ``bcg`` entry point as the
-exception itself, which prints it as one line (``bcg COMMAND: error: ...``). tyro's own usage errors (unknown flag,
-a value of the wrong type) and the checks of nested dataclasses (e.g. ``--shac.*``) are still tyro's to report.
+exception itself, which prints it as one line (``bcg COMMAND: error: ...``). A field whose default is itself a
+checked dataclass (an option group such as ``bcg evaluate``'s replay protocol) is parsed the same way, its checks run
+when the real object is built. tyro's own usage errors (unknown flag, a value of the wrong type) and the checks of
+nested dataclasses without such a default (e.g. ``--shac.*``) are still tyro's to report.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import typing
 from collections.abc import Sequence
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
 __all__ = ["parse_command"]
 
@@ -22,12 +25,39 @@ def _init_fields(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
 
 
+def _checked_group(field: dataclasses.Field) -> type | None:
+    """The class of ``field``'s default when it is a dataclass instance with checks of its own, else None."""
+    value = field.default
+    is_group = dataclasses.is_dataclass(value) and not isinstance(value, type)
+    return type(value) if is_group and field.init and hasattr(type(value), "__post_init__") else None
+
+
 def _unchecked(cls: type) -> type:
-    """A dataclass subclass of ``cls`` with the same fields, docstrings and name whose ``__post_init__`` is a no-op."""
+    """A dataclass subclass of ``cls`` with the same fields, docstrings and name whose ``__post_init__`` is a no-op;
+    fields whose default is a checked dataclass get an unchecked copy of that class (same flags)."""
     params = cls.__dataclass_params__  # type: ignore[attr-defined]
-    namespace = {"__post_init__": lambda self: None, "__doc__": cls.__doc__, "__module__": cls.__module__,
-                 "__qualname__": cls.__qualname__}
+    namespace: dict[str, Any] = {"__post_init__": lambda self: None, "__doc__": cls.__doc__,
+                                 "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                                 "_checked_class": cls}
+    groups = [f for f in dataclasses.fields(cls) if _checked_group(f) is not None]
+    if groups:
+        hints = typing.get_type_hints(cls, include_extras=True)
+        namespace["__annotations__"] = {}
+        for f in groups:
+            loose = _unchecked(type(f.default))
+            hint = hints[f.name]
+            extras = getattr(hint, "__metadata__", ())
+            namespace["__annotations__"][f.name] = Annotated[(loose, *extras)] if extras else loose
+            namespace[f.name] = loose(**_init_fields(f.default))
     return dataclasses.dataclass(frozen=params.frozen)(type(cls.__name__, (cls,), namespace))
+
+
+def _checked(value: Any) -> Any:
+    """A parsed value, rebuilt as its real (checked) class when it is an unchecked copy (its checks run now)."""
+    real = getattr(type(value), "_checked_class", None)
+    if real is None:
+        return value
+    return real(**{k: _checked(v) for k, v in _init_fields(value).items()})
 
 
 def parse_command(cls: type[T], args: Sequence[str], *, prog: str, default: T | None = None,
@@ -41,4 +71,4 @@ def parse_command(cls: type[T], args: Sequence[str], *, prog: str, default: T | 
     loose = _unchecked(cls)
     loose_default = None if default is None else loose(**_init_fields(default))
     parsed = tyro.cli(loose, args=list(args), prog=prog, default=loose_default, config=config)
-    return cls(**_init_fields(parsed))
+    return _checked(parsed)

@@ -81,3 +81,8 @@ def test_curve_errors_are_messages(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["curve", str(tmp_path / "empty"), "--every", "0"])
     assert "every must be an integer >= 1" in capsys.readouterr().err
+    # the replay protocol's own checks (an option group shared with bcg evaluate) are one line too
+    with pytest.raises(SystemExit):
+        main(["curve", str(tmp_path / "empty"), "--seeds", "-1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["bcg curve: error: seeds must be one or more integers >= 0, got (-1,)"]

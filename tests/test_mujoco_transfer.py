@@ -245,7 +245,7 @@ def test_exported_policy_file_runs_in_mujoco(tmp_path):
     from bcg.evaluation.evaluate_cli import Evaluate
 
     run = _tiny_policy_file(tmp_path)
-    cmd = Evaluate(str(run), phases=2, seeds=(0,), seconds=0.1, progress=False)
+    cmd = Evaluate(str(run), protocol=TransferOptions(phases=2, seeds=(0,), seconds=0.1), progress=False)
     assert cmd.run() == 0
     out = cmd.default_out_dir(run / "eval", "jump")
     assert out.parent == run / "eval" and out.name.startswith("jump-")  # options other than the defaults: a hash
@@ -310,7 +310,7 @@ def test_trained_run_evaluates(tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     run = tmp_path / "tiny"
-    cmd = Evaluate(str(run), phases=2, seeds=(0,), seconds=0.2, progress=False)
+    cmd = Evaluate(str(run), protocol=TransferOptions(phases=2, seeds=(0,), seconds=0.2), progress=False)
     assert cmd.run() == 0
     d = json.loads((cmd.default_out_dir(run / "eval", "jump") / "metrics.json").read_text())
     ends = {e["end"] for sim in ("mujoco", "bcg") for e in d["episodes"][sim]}
@@ -341,10 +341,10 @@ def test_evaluations_of_other_clips_or_options_keep_their_own_folders(tmp_path, 
     assert main(["evaluate", str(run), *QUICK]) == 0
     assert main(["evaluate", str(run), *QUICK, "--motion", "run"]) == 0
     assert main(["evaluate", str(run), *QUICK, "--joint-noise", "0.0"]) == 0
-    quick = Evaluate(str(run), phases=1, seeds=(0,), seconds=0.06)
+    quick = Evaluate(str(run), protocol=TransferOptions(phases=1, seeds=(0,), seconds=0.06))
     jump, run_clip = quick.default_out_dir(run / "eval", "jump"), quick.default_out_dir(run / "eval", "run")
-    still = Evaluate(str(run), phases=1, seeds=(0,), seconds=0.06, joint_noise=0.0).default_out_dir(run / "eval",
-                                                                                                      "jump")
+    still = Evaluate(str(run), protocol=TransferOptions(phases=1, seeds=(0,), seconds=0.06, joint_noise=0.0)
+                     ).default_out_dir(run / "eval", "jump")
     assert sorted((run / "eval").iterdir()) == sorted([jump, run_clip, still])
     for folder, clip in ((jump, "jump"), (run_clip, "run"), (still, "jump")):
         assert json.loads((folder / "metrics.json").read_text())["motion"] == clip
@@ -363,8 +363,16 @@ def test_the_default_options_name_the_folder_after_the_clip_alone(tmp_path):
 
     assert Evaluate("RUN").default_out_dir(Path("RUN/eval"), "jump") == Path("RUN/eval/jump")
     assert Evaluate("reference", motion="run").default_out_dir(Path("eval"), "run") == Path("eval/reference-run")
-    stiff, stiffer = Evaluate("RUN", kappa=500.0), Evaluate("RUN", kappa=600.0)
+    stiff, stiffer = Evaluate("RUN", protocol=TransferOptions(kappa=500.0)), Evaluate("RUN", protocol=TransferOptions(
+        kappa=600.0))
     assert stiff.default_out_dir(Path("e"), "jump") != stiffer.default_out_dir(Path("e"), "jump")
+    # folders written before the protocol became one declaration keep their names (digests of the same options)
+    assert stiff.default_out_dir(Path("e"), "jump") == Path("e/jump-e837c0b0")
+    assert Evaluate("RUN", protocol=TransferOptions(phases=1, seeds=(0,), seconds=0.06)).default_out_dir(
+        Path("e"), "jump") == Path("e/jump-fde246d7")
+    from bcg.evaluation.learning_curve import curve_dir
+
+    assert curve_dir(Path("R"), "jump", TransferOptions(phases=2)) == Path("R/eval/curve-jump-1fda591c")
 
 
 @pytest.mark.parametrize("args, message", [

@@ -64,8 +64,8 @@ def test_saturated_actuators_and_joint_limits_are_recognised(mujoco_steps):
 def test_evaluate_gap_writes_the_report_beside_the_metrics(tmp_path, capsys):
     from bcg.evaluation.evaluate_cli import Evaluate
 
-    cmd = Evaluate("reference", motion="jump", phases=1, seeds=(0,), seconds=0.2, progress=False, gap=True,
-                   out_dir=tmp_path / "out")
+    cmd = Evaluate("reference", motion="jump", protocol=TransferOptions(phases=1, seeds=(0,), seconds=0.2),
+                   progress=False, gap=True, out_dir=tmp_path / "out")
     assert cmd.run() == 0
     d = json.loads((tmp_path / "out" / "gap.json").read_text())
     assert d["rows"][0]["regime"] == "all" and d["rows"][0]["steps"] == 10

@@ -11,8 +11,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
-import numbers
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +19,7 @@ from typing import Annotated, Any
 import tyro
 
 from bcg.errors import InputNotFoundError, UserError
+from bcg.evaluation.transfer_protocol import TransferOptions
 
 __all__ = ["Evaluate", "REFERENCE", "load_source", "policy_env_kwargs", "policy_motion"]
 
@@ -118,16 +117,9 @@ class Evaluate:
     """Which episode the video shows (0: phase 0 of the first seed, the start of the clip)."""
     video_size: tuple[int, int] = (640, 480)
     """Width and height of the video [pixels]."""
-    phases: int = 4
-    """Start phases per seed, spread evenly over the clip."""
-    seeds: tuple[int, ...] = (0, 1)
-    """Seeds (each draws the initial joint-angle noise of its episodes)."""
-    seconds: float | None = None
-    """Longest episode [s] (default: to the clip's end)."""
-    joint_noise: float = 0.02
-    """Half-width of the uniform initial joint-angle noise [rad]."""
-    kappa: float | None = None
-    """Contact stiffness of our simulator's replay [1/m] (default: the policy's, else the env's)."""
+    protocol: Annotated[TransferOptions, tyro.conf.OmitArgPrefixes] = TransferOptions()
+    """The replay: start phases, seeds, episode length, initial joint noise, our simulator's kappa (default: the
+    policy's)."""
     out_dir: Path | None = None
     """Where metrics.json and metrics.md go (default: RUN/eval/CLIP, or RUN/eval/CLIP-HASH with options other than
     the defaults; eval/reference-CLIP[-HASH] for the baseline)."""
@@ -141,28 +133,22 @@ class Evaluate:
     """Show progress bars."""
 
     def __post_init__(self) -> None:
-        self.options()  # phases, seeds, seconds, joint_noise: TransferOptions' own checks
-        if self.kappa is not None and not (isinstance(self.kappa, numbers.Real) and math.isfinite(self.kappa)
-                                           and self.kappa > 0):
-            raise ValueError(f"kappa must be a finite number > 0 [1/m] or None, got {self.kappa!r}")
         if isinstance(self.video_episode, bool) or self.video_episode < 0:
             raise ValueError(f"video_episode must be an integer >= 0, got {self.video_episode!r}")
         if len(self.video_size) != 2 or min(self.video_size) < 1:
             raise ValueError(f"video_size must be two integers >= 1 (width height), got {self.video_size!r}")
 
-    def options(self) -> Any:
-        """The :class:`~bcg.evaluation.mujoco_transfer.TransferOptions` of the command."""
-        from bcg.evaluation.mujoco_transfer import TransferOptions
-
-        return TransferOptions(phases=self.phases, seeds=tuple(self.seeds), seconds=self.seconds,
-                               joint_noise=self.joint_noise)
+    def options(self) -> TransferOptions:
+        """The :class:`~bcg.evaluation.transfer_protocol.TransferOptions` of the command."""
+        return self.protocol
 
     def default_out_dir(self, eval_dir: Path, motion: str) -> Path:
         """``eval_dir/CLIP`` with the default options, ``eval_dir/CLIP-HASH`` (8 hex digits of the options and the
         clip) otherwise; ``reference-`` before CLIP for the baseline."""
-        chosen = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name in _RESULT_OPTIONS}
+        fields = dataclasses.fields(self.protocol)
+        chosen = {f.name: getattr(self.protocol, f.name) for f in fields}
         name = ("reference-" if self.source == REFERENCE else "") + Path(motion).stem
-        if any(chosen[f.name] != f.default for f in dataclasses.fields(self) if f.name in _RESULT_OPTIONS):
+        if any(chosen[f.name] != f.default for f in fields):
             digest = hashlib.sha256(json.dumps({**chosen, "motion": motion}, sort_keys=True).encode()).hexdigest()
             name += f"-{digest[:8]}"
         return eval_dir / name
@@ -173,8 +159,6 @@ class Evaluate:
         policy, motion, env_kwargs, eval_dir, label = load_source(self.source, self.motion)
         out = self.out_dir or self.default_out_dir(eval_dir, motion)
         _check_out_dir(out, self.force)
-        if self.kappa is not None:
-            env_kwargs["kappa"] = float(self.kappa)
         report, rollout = evaluate_transfer(policy, motion, self.options(), label=label, progress=self.progress,
                                             env_kwargs=env_kwargs)
         out.mkdir(parents=True, exist_ok=True)
@@ -206,10 +190,6 @@ class Evaluate:
         (out / "gap.md").write_text(report.to_markdown())
         print(report.to_markdown())
         print(f"wrote {out / 'gap.json'} and {out / 'gap.md'}")
-
-
-_RESULT_OPTIONS = ("phases", "seeds", "seconds", "joint_noise", "kappa")
-"""Evaluate's options that change the numbers (and so name the default output folder)."""
 
 
 def _check_out_dir(out: Path, force: bool) -> None:

@@ -22,11 +22,12 @@ import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import tyro
 
 from bcg.errors import InputNotFoundError, UserError
+from bcg.evaluation.transfer_protocol import TransferOptions
 
 __all__ = ["CURVE_COLUMNS", "MEASURES", "SIMULATORS", "Curve", "CurvePoint", "checkpoint_report", "curve_dir",
            "learning_curve", "plot_curve", "plot_lines", "read_curve", "write_curve"]
@@ -71,8 +72,6 @@ class CurvePoint:
 
 def curve_dir(run_dir: Path, motion: str, options: Any) -> Path:
     """``RUN/eval/curve-CLIP`` with the default transfer options, ``RUN/eval/curve-CLIP-HASH`` otherwise."""
-    from bcg.evaluation.mujoco_transfer import TransferOptions
-
     name = "curve-" + Path(motion).stem
     if options != TransferOptions():
         digest = hashlib.sha256(json.dumps({**asdict(options), "motion": motion}, sort_keys=True).encode())
@@ -116,9 +115,8 @@ def learning_curve(run_dir: str | Path, options: Any = None, *, motion: str | No
     """Score every ``every``-th checkpoint of a run (and always its last) in MuJoCo and our simulator; returns the
     points in iteration order and the output folder (:func:`curve_dir`), where each checkpoint's report is cached as
     ``iter_NNNNNN.json`` and reused by later calls. ``options``: a
-    :class:`~bcg.evaluation.mujoco_transfer.TransferOptions` (None: ``bcg evaluate``'s default protocol)."""
+    :class:`~bcg.evaluation.transfer_protocol.TransferOptions` (None: ``bcg evaluate``'s default protocol)."""
     from bcg.agents.checkpoint import list_checkpoints
-    from bcg.evaluation.mujoco_transfer import TransferOptions
 
     run = Path(run_dir)
     if not (run / "checkpoints").is_dir():
@@ -228,25 +226,19 @@ class Curve:
     """Score every this many checkpoints (the last one always)."""
     motion: str | None = None
     """Clip to track (packaged name or file); default: the run's own clip."""
-    phases: int = 4
-    """Start phases per seed, spread evenly over the clip."""
-    seeds: tuple[int, ...] = (0, 1)
-    """Seeds (each draws the initial joint-angle noise of its episodes)."""
-    seconds: float | None = None
-    """Longest episode [s] (default: to the clip's end)."""
+    protocol: Annotated[TransferOptions, tyro.conf.OmitArgPrefixes] = TransferOptions()
+    """The replay of every checkpoint, as `bcg evaluate`'s: start phases, seeds, episode length, initial joint
+    noise, our simulator's kappa."""
     progress: bool = True
     """Show a progress bar."""
 
     def __post_init__(self) -> None:
-        self.options()  # TransferOptions' own checks
         if isinstance(self.every, bool) or self.every < 1:
             raise ValueError(f"every must be an integer >= 1, got {self.every!r}")
 
-    def options(self) -> Any:
-        """The :class:`~bcg.evaluation.mujoco_transfer.TransferOptions` of the command."""
-        from bcg.evaluation.mujoco_transfer import TransferOptions
-
-        return TransferOptions(phases=self.phases, seeds=tuple(self.seeds), seconds=self.seconds)
+    def options(self) -> TransferOptions:
+        """The :class:`~bcg.evaluation.transfer_protocol.TransferOptions` of the command."""
+        return self.protocol
 
     def run(self) -> int:
         if self.motion is not None:

@@ -34,6 +34,7 @@ import torch
 
 from bcg.evaluation.mujoco_loop import MujocoLoop
 from bcg.evaluation.tracking_metrics import ERROR_NAMES, TrackingMetrics, anchor_index, step_errors, summarize
+from bcg.evaluation.transfer_protocol import TransferOptions
 from bcg.sim import ContactReport
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -160,36 +161,6 @@ class ReferenceReplayPolicy:
 
 
 # ------------------------------------------------------------------------------------------------ replay
-
-
-@dataclass(frozen=True)
-class TransferOptions:
-    """How a policy is replayed (the transfer protocol of the module docstring)."""
-
-    phases: int = 4
-    """Start phases per seed: episode k starts at frame floor(k (T - 1) / phases) of the T-frame clip."""
-    seeds: tuple[int, ...] = (0, 1)
-    """Seeds; each draws the initial joint-angle noise of its episodes."""
-    seconds: float | None = None
-    """Longest episode [s] (None: to the clip's end)."""
-    joint_noise: float = 0.02
-    """Half-width of the uniform initial joint-angle noise [rad] (0: every seed starts exactly on the reference)."""
-    kappa: float | None = None
-    """Contact stiffness of our simulator's replay [1/m] (None: the env's default, or the policy file's)."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.phases, bool) or int(self.phases) != self.phases or self.phases < 1:
-            raise ValueError(f"phases must be an integer >= 1, got {self.phases!r}")
-        if not self.seeds or any(isinstance(s, bool) or int(s) != s or s < 0 for s in self.seeds):
-            raise ValueError(f"seeds must be one or more integers >= 0, got {self.seeds!r}")
-        if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds > 0):
-            raise ValueError(f"seconds must be a finite value > 0 or None, got {self.seconds!r}")
-        if not (math.isfinite(self.joint_noise) and self.joint_noise >= 0):
-            raise ValueError(f"joint_noise must be a finite value >= 0 [rad], got {self.joint_noise!r}")
-
-    @property
-    def num_episodes(self) -> int:
-        return self.phases * len(self.seeds)
 
 
 def make_env(motion: Any, num_envs: int, *, simulator: Literal["mujoco", "bcg"], seconds: float | None = None,

@@ -1,0 +1,50 @@
+"""The replay protocol of ``bcg evaluate``, ``bcg curve`` and the studies: :class:`TransferOptions`.
+
+E = phases x seeds episodes run side by side; episode (seed s, phase k) starts at frame floor(k (T - 1) / phases) of
+the T-frame clip on the reference, with uniform joint-angle noise of half-width ``joint_noise`` drawn from seed s, and
+runs to a fall, an unstable state, the clip's end or ``seconds`` (:mod:`bcg.evaluation.mujoco_transfer` runs it).
+Declared once here, and embedded in the commands' own configs, so every command offers the same options with the
+same defaults and checks. This module imports nothing heavy, so that the command line can build its parsers from it.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+
+__all__ = ["TransferOptions"]
+
+
+@dataclass(frozen=True)
+class TransferOptions:
+    """How a policy is replayed (the protocol of the module docstring)."""
+
+    phases: int = 4
+    """Start phases per seed, spread evenly over the clip: episode k starts at frame floor(k (T - 1) / phases)."""
+    seeds: tuple[int, ...] = (0, 1)
+    """Seeds; each draws the initial joint-angle noise of its episodes."""
+    seconds: float | None = None
+    """Longest episode [s] (None: to the clip's end)."""
+    joint_noise: float = 0.02
+    """Half-width of the uniform initial joint-angle noise [rad] (0: every seed starts exactly on the reference)."""
+    kappa: float | None = None
+    """Contact stiffness of our simulator's replay [1/m] (None: the policy's, else the env's default)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.phases, bool) or int(self.phases) != self.phases or self.phases < 1:
+            raise ValueError(f"phases must be an integer >= 1, got {self.phases!r}")
+        if not self.seeds or any(isinstance(s, bool) or int(s) != s or s < 0 for s in self.seeds):
+            raise ValueError(f"seeds must be one or more integers >= 0, got {self.seeds!r}")
+        if self.seconds is not None and not (math.isfinite(self.seconds) and self.seconds > 0):
+            raise ValueError(f"seconds must be a finite value > 0 or None, got {self.seconds!r}")
+        if not (math.isfinite(self.joint_noise) and self.joint_noise >= 0):
+            raise ValueError(f"joint_noise must be a finite value >= 0 [rad], got {self.joint_noise!r}")
+        if self.kappa is not None and not (isinstance(self.kappa, numbers.Real) and math.isfinite(self.kappa)
+                                           and self.kappa > 0):
+            raise ValueError(f"kappa must be a finite number > 0 [1/m] or None, got {self.kappa!r}")
+
+    @property
+    def num_episodes(self) -> int:
+        """E = phases x seeds."""
+        return self.phases * len(self.seeds)
