@@ -115,6 +115,7 @@ CASES: tuple[Case, ...] = (
     Case("evaluate the baseline without --motion", ("evaluate", "reference"), "needs --motion"),
     Case("curve of a folder that is not a run", ("curve", "{ws}/runs/notarun"), "has no checkpoints/ folder"),
     Case("curve --every 0", ("curve", "{ws}/runs/run", "--every", "0"), "every must be an integer >= 1"),
+    Case("curve --seeds -1", ("curve", "{ws}/runs/run", "--seeds", "-1"), "seeds must be one or more integers >= 0"),
     Case("curve --motion with an unknown name", ("curve", "{ws}/runs/run", "--motion", "moonwalk"),
          "motion 'moonwalk' is neither a packaged clip"),
     Case("export --out naming a folder", ("export", "{ws}/runs/run", "--out", "{ws}/D"), "is a folder; expected"),
