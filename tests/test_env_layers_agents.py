@@ -97,7 +97,8 @@ def test_train_flags_reach_the_env_config(capsys: pytest.CaptureFixture) -> None
     assert default.domain_randomization and default.adaptive_start and default.replay_threshold is None
     assert (default.termination_anchor_height, default.termination_gravity_z,
             default.termination_end_effector_height) == (0.25, 0.8, 0.25)
-    off_flags = ["--no-domain-randomization", "--no-adaptive-start", "--termination-anchor-height", "None",
+    off_flags = ["--no-domain-randomization", "--no-adaptive-start", "--adaptive-start-credit", "end",
+                 "--termination-anchor-height", "None",
                  "--termination-gravity-z", "None", "--termination-end-effector-height", "None"]
     off = parse_train_args(off_flags)
     assert all(getattr(off.env_config(), k) == getattr(EnvConfig(), k) for k in LAYER_FIELDS)

@@ -411,6 +411,26 @@ def test_shac_resume_equals_uninterrupted_and_export(tmp_path, capsys):
     assert (targets - agent.env.action_to_target(expected, no_offset)).abs().max() <= 1e-5
 
 
+def test_resume_of_a_checkpoint_written_before_a_config_field_existed(tmp_path):
+    """A checkpoint whose config lacks a field added since (here adaptive_start_credit, whose default changed from
+    'end' to 'start') resumes: the field reads back as the run ran it (LEGACY_DEFAULTS), not as '<absent>' against
+    today's default, and the continued run keeps that value."""
+    from bcg.agents.checkpoint import save_checkpoint
+    from bcg.agents.train import parse_train_args, train
+    from bcg.cli import main
+
+    part = train(parse_train_args([*TINY, "--iterations", "1", "--out", str(tmp_path), "--name", "old"]))
+    assert part.status == 0
+    path = part.run_dir / "checkpoints" / "iter_000001.pt"
+    ck = load_checkpoint(path)
+    old = {k: v for k, v in ck.config.items() if k != "adaptive_start_credit"}
+    save_checkpoint(path, agent_state=ck.agent_state, iteration=ck.iteration, run_id=ck.run_id, config=old,
+                    metrics_header=ck.metrics_header, metrics_rows=ck.metrics_rows)
+    assert main(["train", "--resume", str(part.run_dir), "--iterations", "2", "--no-progress"]) == 0
+    assert json.loads((part.run_dir / "config.json").read_text())["adaptive_start_credit"] == "end"
+    assert len(_rows(part.run_dir)) == 2
+
+
 @pytest.mark.slow
 def test_ppo_resume_equals_uninterrupted(tmp_path):
     """PPO (stable-baselines3) through the same trainer: 1 + 1 iterations equal 2 (about 20 s on 2 cores)."""

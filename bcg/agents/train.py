@@ -114,6 +114,10 @@ def train(cfg: TrainConfig, *, agent_factory: Callable[[TrainConfig], Any] = bui
     if cfg.torch_threads is not None:
         torch.set_num_threads(cfg.torch_threads)
     ckpt = load_checkpoint(cfg.resume) if cfg.resume is not None else None
+    if ckpt is not None:
+        # a checkpoint written before a config field existed is compared as it is read (the field at the value it
+        # ran with, LEGACY_DEFAULTS), not as '<absent>'
+        ckpt = dataclasses.replace(ckpt, config=config_to_dict(config_from_dict(ckpt.config)))
     run_dir = resolve_run_dir(cfg, ckpt)
     cfg = record_motion_hash(cfg)
     if cfg.branch or ckpt is None:  # the new directory's own name and folder

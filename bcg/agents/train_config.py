@@ -52,7 +52,8 @@ written before they existed has None)."""
 
 LEGACY_DEFAULTS: dict[str, Any] = {
     "schedule_over_time": False, "domain_randomization": False, "adaptive_start": False,
-    "termination_anchor_height": None, "termination_gravity_z": None, "termination_end_effector_height": None}
+    "termination_anchor_height": None, "termination_gravity_z": None, "termination_end_effector_height": None,
+    "adaptive_start_credit": "end"}
 """What a run's config meant by a field it does not have (written before the field existed): the behaviour then."""
 
 CONTACT_RANDOMIZATION: dict[str, Any] = {
@@ -201,9 +202,9 @@ class TrainConfig:
     """Weight of the newest step in the per-bin failure average, in (0, 1]."""
     adaptive_start_floor: float = 0.1
     """Share of uniformly drawn start frames with adaptive start sampling, in [0, 1]."""
-    adaptive_start_credit: Literal["end", "start"] = "end"
-    """Which bin a failed episode counts to: where it ended (BeyondMimic's rule) or where it started (more starts
-    where episodes begin that drift and fall seconds later; docs/start_states_and_replay.md)."""
+    adaptive_start_credit: Literal["end", "start"] = "start"
+    """Which bin a failed episode counts to: where it started (more starts where episodes begin that drift and fall
+    seconds later) or where it ended (BeyondMimic's rule); docs/start_states_and_replay.md."""
     replay_threshold: float | None = None
     """Demonstration replay: put rows whose tracking error exceeds this [m] back on the reference, cutting their
     gradient there (DiffMimic: 0.2 run, 0.4 jump / dance; None: off)."""
