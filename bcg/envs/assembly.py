@@ -8,6 +8,7 @@ here, once (Warp on the CPU, torch elsewhere). ``docs/design.md`` draws the part
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,7 +56,7 @@ def resolve_action_scale(action_scale: Any, nu: int) -> np.ndarray:
     return scale.copy()
 
 
-def _reference_pose(ref_qpos: torch.Tensor):
+def _reference_pose(ref_qpos: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """``frame [M] -> q [M, nq]``: the clip's pose at each (clamped) frame, where an unstable row is put at rest."""
     last = ref_qpos.shape[0] - 1
     return lambda frame: ref_qpos[frame.clamp(0, last)]
