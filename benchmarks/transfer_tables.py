@@ -119,6 +119,7 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s)", ("def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s), earlier default", ("def60-bcg-jazzwalk-s0", "def60-bcg-jazzwalk-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (1200 s), earlier default", ("ts-bcg-jazzwalk-s0",)),
+    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s)", ("def60-bcg-spinkarate-credit-s0",)),
 )
 """`bcg train --motion CLIP --estimator bcg --max-time-s T` with no other flag, per clip: today's default (a failure
 credited to the start of its episode) and the earlier default (`--adaptive-start-credit end`, otherwise the same);
