@@ -296,8 +296,8 @@ def _m(x: float | None) -> str:
 
 
 def methods_markdown(transfer: Sequence[dict[str, Any]], samples: Sequence[dict[str, Any]],
-                     figure: str | None = "study_methods.png") -> str:
-    """Markdown of both tables (Q4 first, then Q3)."""
+                     figure: str | None = "study_methods.png", baseline: str = "PPO") -> str:
+    """Markdown of both tables (Q4 first, then Q3 against ``baseline``'s final point)."""
     lines = ["# SHAC+BCG, SHAC and PPO in MuJoCo (paper Q3 and Q4)", "",
              "Each run's final policy replayed in MuJoCo with `bcg evaluate`'s protocol (8 episodes through the whole "
              "clip). Means over seeds, ± the standard deviation where there are several.", "",
@@ -309,13 +309,14 @@ def methods_markdown(transfer: Sequence[dict[str, Any]], samples: Sequence[dict[
         lines.append(f"| {r['clip']} | {r['method']} | {len(r['seeds'])} | {r['falls']} of {r['episodes']} | "
                      f"{_f(r['episode_s'])} | {_f(r['e_track_cm'])}{sd} | {_f(r['bcg_e_track_cm'])} | "
                      f"{_m(r['samples'])} | {_f(r['paper_e_track_cm'])} |")
-    lines += ["", "## Samples to reach PPO's final point (Q3)", "",
-              "Target: PPO's final E_track in MuJoCo and its mean episode length (means over its seeds). A run reaches "
-              "it at its first checkpoint (of `bcg curve`) that tracks at least as well and stays up at least as "
-              "long; ratio: PPO's samples over the run's samples there (the paper: more than 10x for SHAC+BCG). "
+    lines += ["", f"## Samples to reach {baseline}'s final point (Q3)", "",
+              f"Target: {baseline}'s final E_track in MuJoCo and its mean episode length (means over its seeds). A run "
+              "reaches it at its first checkpoint (of `bcg curve`) that tracks at least as well and stays up at least "
+              f"as long; ratio: {baseline}'s samples over the run's samples there (the paper, against PPO: more than "
+              "10x for SHAC+BCG). "
               "Samples count every simulated environment step of training, a bundle's branches included; the curve "
               "replays every k-th checkpoint, so a reaching point is an upper bound within one stride.", "",
-              "| clip | method | run | target: E_track [cm], episode [s] | PPO's samples | samples to reach | "
+              f"| clip | method | run | target: E_track [cm], episode [s] | {baseline}'s samples | samples to reach | "
               "wall time [s] | ratio |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in samples:
         reach = _m(r["samples"]) if r["samples"] is not None else ("no curve" if not r["has_curve"] else
@@ -324,7 +325,7 @@ def methods_markdown(transfer: Sequence[dict[str, Any]], samples: Sequence[dict[
                      f"{_f(r['target_episode_s'], '.2f')} | {_m(r['baseline_samples'])} | {reach} | "
                      f"{_f(r['wall_time_s'], '.0f')} | {_f(r['ratio'])} |")
     if not samples:
-        lines.append("| – | no clip has a PPO run among the runs given | | | | | | |")
+        lines.append(f"| – | no clip has a {baseline} run among the runs given | | | | | | |")
     if figure:
         lines += ["", f"![Fall rate, mean episode and E_track in MuJoCo against samples]({figure})",
                   "", f"Against training wall time: [{figure.replace('.png', '_wall_time.png')}]"
@@ -362,6 +363,6 @@ class StudyMethods:
             methods_plot(runs, samples, self.out / "study_methods_wall_time.png", self.baseline, x="wall_time_s")
             figure = "study_methods.png"
         (self.out / "results.json").write_text(json.dumps({"transfer": transfer, "samples": samples}, indent=1))
-        (self.out / "methods.md").write_text(methods_markdown(transfer, samples, figure))
+        (self.out / "methods.md").write_text(methods_markdown(transfer, samples, figure, self.baseline))
         print(f"[study methods] {len(runs)} runs -> {self.out / 'methods.md'}")
         return 0
