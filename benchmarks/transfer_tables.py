@@ -116,6 +116,7 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("jump (3600 s), earlier default", ("def60-bcg-jump-s0", "def60-bcg-jump-s1")),
     ("fight (1200 s)", ("def20-bcg-fight-new-s0",)),
     ("fight (1200 s), earlier default", ("def-bcg-fight-s0", "def-bcg-fight-s1")),
+    ("dance (1200 s)", ("def20-bcg-dance-new-s0",)),
     ("dance (1200 s), earlier default", ("def-bcg-dance-s0", "def-bcg-dance-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s)", ("def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s), earlier default", ("def60-bcg-jazzwalk-s0", "def60-bcg-jazzwalk-s1")),
