@@ -25,11 +25,11 @@ def _init_fields(obj: Any) -> dict[str, Any]:
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj) if f.init}
 
 
-def _checked_group(field: dataclasses.Field) -> type | None:
-    """The class of ``field``'s default when it is a dataclass instance with checks of its own, else None."""
+def _is_checked_group(field: dataclasses.Field) -> bool:
+    """Whether ``field``'s default is a dataclass instance with checks of its own (an option group)."""
     value = field.default
-    is_group = dataclasses.is_dataclass(value) and not isinstance(value, type)
-    return type(value) if is_group and field.init and hasattr(type(value), "__post_init__") else None
+    return (field.init and dataclasses.is_dataclass(value) and not isinstance(value, type)
+            and hasattr(type(value), "__post_init__"))
 
 
 def _unchecked(cls: type) -> type:
@@ -39,7 +39,7 @@ def _unchecked(cls: type) -> type:
     namespace: dict[str, Any] = {"__post_init__": lambda self: None, "__doc__": cls.__doc__,
                                  "__module__": cls.__module__, "__qualname__": cls.__qualname__,
                                  "_checked_class": cls}
-    groups = [f for f in dataclasses.fields(cls) if _checked_group(f) is not None]
+    groups = [f for f in dataclasses.fields(cls) if _is_checked_group(f)]
     if groups:
         hints = typing.get_type_hints(cls, include_extras=True)
         namespace["__annotations__"] = {}

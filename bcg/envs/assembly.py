@@ -66,6 +66,8 @@ def _reference_pose(ref_qpos: torch.Tensor) -> Callable[[torch.Tensor], torch.Te
 class TrackingParts:
     """Every component of a tracking environment of ``num_envs`` rows (see the module docstring)."""
 
+    num_envs: int
+    """Rows N of the env the parts were built for."""
     model: SimModel
     motion: Any
     """The clip (:class:`bcg.motion.MotionClip`) on the env's device."""
@@ -143,8 +145,8 @@ class TrackingParts:
         core = TrackingCore(m, clip_actions, guard, features, rules,
                             starts.push_draw if cfg.randomization.push_interval is not None else None,
                             _reference_pose(ref_qpos), transition_fn if transition_fn is not None else simulator_step)
-        return cls(m, motion, default_joint_pos, action_scale, features, reference, ref_qpos, observer, guard, draws,
-                   sampler, replay, rules, obs_noise, physics, clip_actions, starts, core, cpu)
+        return cls(num_envs, m, motion, default_joint_pos, action_scale, features, reference, ref_qpos, observer, guard,
+                   draws, sampler, replay, rules, obs_noise, physics, clip_actions, starts, core, cpu)
 
     def set_warp(self, on: bool) -> None:
         """Switch the Warp paths (CPU only) on or off; off, every part runs its torch code, which the Warp paths are
@@ -156,9 +158,10 @@ class TrackingParts:
         self.observer.use_warp = self.use_warp and self.observer.warp is not None
         self.rules.use_warp = self.use_warp and self.rules.warp_reward is not None
 
-    def initial_state(self, num_envs: int, randomized_physics: bool) -> EnvState:
-        """``num_envs`` rows at the clip's first pose, at rest, before any reset draws (keys 0, pushes off)."""
-        n, m, dev = num_envs, self.model, self.ref_qpos.device
+    def initial_state(self, randomized_physics: bool) -> EnvState:
+        """The N rows at the clip's first pose, at rest, before any reset draws (keys 0, pushes off); with per-row
+        physics rows (``randomized_physics``) at the model's own values."""
+        n, m, dev = self.num_envs, self.model, self.ref_qpos.device
         f32 = dict(dtype=torch.float32, device=dev)
         long = dict(dtype=torch.long, device=dev)
         return EnvState(

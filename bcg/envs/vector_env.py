@@ -100,8 +100,8 @@ class G1TrackingVectorEnv(VectorEnv):
         """Every component of the env (bcg.envs.assembly); the most used ones are also attributes below."""
         self.model, self.motion, self.control_dt = p.model, p.motion, p.model.params.control_dt
         self.default_joint_pos, self.action_scale = p.default_joint_pos, p.action_scale
-        self._features, self._ref, self._ref_qpos, self.num_frames = p.features, p.reference, p.ref_qpos, \
-            p.motion.num_frames
+        self._features, self._ref, self._ref_qpos = p.features, p.reference, p.ref_qpos
+        self.num_frames = p.motion.num_frames
         self.observer = p.observer
         """The noise-free observation of simulated features at motion frames (bcg.envs.observer)."""
         self.guard = p.guard
@@ -130,7 +130,7 @@ class G1TrackingVectorEnv(VectorEnv):
 
         self.nonfinite_count = 0
         """Environments reset by the instability guard since construction (non-finite or too fast states)."""
-        self._state = p.initial_state(num_envs, self.domain_randomization.physics_active)
+        self._state = p.initial_state(self.domain_randomization.physics_active)
         self._gen = torch.Generator(device=self.device)
         self._gen.manual_seed(int(np.random.default_rng().integers(2**62)))
         self._needs_reset = True

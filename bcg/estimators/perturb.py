@@ -38,18 +38,12 @@ def chain_mask(model, end_bodies: tuple[str, ...]) -> torch.Tensor:
     """[L, nh] bool: hinge j belongs to the chain from the pelvis to end body l (the floating base excluded)."""
     import numpy as np
 
+    from bcg.motion.kinematics import body_ancestry
+
     names = list(model.body_names)
-    parent = np.asarray(model.body_parent)
+    ancestry = body_ancestry(np.asarray(model.body_parent))
     dof_body = np.asarray(model.dof_body)[6:]
-    mask = np.zeros((len(end_bodies), len(dof_body)), bool)
-    for i, name in enumerate(end_bodies):
-        b = names.index(name)
-        chain = set()
-        while b > 0:
-            chain.add(b)
-            b = parent[b]
-        mask[i] = np.isin(dof_body, sorted(chain))
-    return torch.as_tensor(mask)
+    return torch.as_tensor(ancestry[[names.index(name) for name in end_bodies]][:, dof_body])
 
 
 def end_points(model, end_bodies: tuple[str, ...]) -> tuple[list[int], torch.Tensor]:

@@ -138,10 +138,6 @@ class Evaluate:
         if len(self.video_size) != 2 or min(self.video_size) < 1:
             raise ValueError(f"video_size must be two integers >= 1 (width height), got {self.video_size!r}")
 
-    def options(self) -> TransferOptions:
-        """The :class:`~bcg.evaluation.transfer_protocol.TransferOptions` of the command."""
-        return self.protocol
-
     def default_out_dir(self, eval_dir: Path, motion: str) -> Path:
         """``eval_dir/CLIP`` with the default options, ``eval_dir/CLIP-HASH`` (8 hex digits of the options and the
         clip) otherwise; ``reference-`` before CLIP for the baseline."""
@@ -159,7 +155,7 @@ class Evaluate:
         policy, motion, env_kwargs, eval_dir, label = load_source(self.source, self.motion)
         out = self.out_dir or self.default_out_dir(eval_dir, motion)
         _check_out_dir(out, self.force)
-        report, rollout = evaluate_transfer(policy, motion, self.options(), label=label, progress=self.progress,
+        report, rollout = evaluate_transfer(policy, motion, self.protocol, label=label, progress=self.progress,
                                             env_kwargs=env_kwargs)
         out.mkdir(parents=True, exist_ok=True)
         (out / "metrics.json").write_text(report.to_json() + "\n")
@@ -184,7 +180,7 @@ class Evaluate:
         from bcg.evaluation.sim_gap import one_step_gap, record_transitions
 
         # the steps carry the replay env's own model: our simulator re-steps them with the policy's dynamics
-        steps = record_transitions(policy, motion, self.options(), env_kwargs=env_kwargs, progress=self.progress)
+        steps = record_transitions(policy, motion, self.protocol, env_kwargs=env_kwargs, progress=self.progress)
         report = one_step_gap(steps, label=label)
         (out / "gap.json").write_text(report.to_json() + "\n")
         (out / "gap.md").write_text(report.to_markdown())

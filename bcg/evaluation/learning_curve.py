@@ -70,7 +70,7 @@ class CurvePoint:
         return cls(iteration=iteration, samples=samples, wall_time_s=wall_time_s, **values)
 
 
-def curve_dir(run_dir: Path, motion: str, options: Any) -> Path:
+def curve_dir(run_dir: Path, motion: str, options: TransferOptions) -> Path:
     """``RUN/eval/curve-CLIP`` with the default transfer options, ``RUN/eval/curve-CLIP-HASH`` otherwise."""
     name = "curve-" + Path(motion).stem
     if options != TransferOptions():
@@ -236,16 +236,12 @@ class Curve:
         if isinstance(self.every, bool) or self.every < 1:
             raise ValueError(f"every must be an integer >= 1, got {self.every!r}")
 
-    def options(self) -> TransferOptions:
-        """The :class:`~bcg.evaluation.transfer_protocol.TransferOptions` of the command."""
-        return self.protocol
-
     def run(self) -> int:
         if self.motion is not None:
             from bcg.motion.formats import resolve_motion_path
 
             resolve_motion_path(self.motion)  # a wrong clip is refused before any replay
-        points, out = learning_curve(self.run_dir, self.options(), motion=self.motion, every=self.every,
+        points, out = learning_curve(self.run_dir, self.protocol, motion=self.motion, every=self.every,
                                      progress=self.progress)
         replacing = (out / "curve.csv").exists()
         csv_path = write_curve(points, out / "curve.csv")

@@ -74,7 +74,6 @@ def _curve_file(run: Path, clip: str) -> Path | None:
 def read_runs(dirs: Sequence[str | Path]) -> list[MethodRun]:
     """The runs of ``dirs`` (see the module docstring); raises a one-line ``FileNotFoundError`` / ``ValueError`` for a
     folder that is not a finished, evaluated run."""
-    from bcg.evaluation.compare import read_curve as read_metrics
     from bcg.evaluation.compare import run_result
 
     out = []
@@ -82,19 +81,29 @@ def read_runs(dirs: Sequence[str | Path]) -> list[MethodRun]:
         run = Path(d)
         res = run_result(run)
         tr = res["transfer"]
-        metrics = read_metrics(run / "metrics.csv")
+        metrics = res["curve"]  # metrics.csv's columns
         curve_path = _curve_file(run, res["motion"])
         cfg = json.loads((run / "config.json").read_text())
         out.append(MethodRun(
             name=run.name, label=res["label"], clip=res["motion"], seed=res["seed"],
-            samples=int(metrics["samples"][-1]) if metrics.get("samples") else 0,
+            samples=int(_last(metrics, "samples", 0)),
             falls=int(tr["falls"]), episodes=int(tr["episodes"]), episode_s=float(tr["mean_episode_seconds"]),
-            e_track_cm=float(tr["e_track_cm"]) if tr["e_track_cm"] is not None else math.nan,
-            bcg_e_track_cm=float(tr["bcg_e_track_cm"]) if tr["bcg_e_track_cm"] is not None else math.nan,
+            e_track_cm=_float(tr["e_track_cm"]), bcg_e_track_cm=_float(tr["bcg_e_track_cm"]),
             curve=tuple(read_curve(curve_path)) if curve_path else (),
-            wall_time_s=float(metrics["wall_time_s"][-1]) if metrics.get("wall_time_s") else math.nan,
+            wall_time_s=_last(metrics, "wall_time_s", math.nan),
             settings=_settings(cfg)))
     return label_by_settings(out)
+
+
+def _float(x: float | None) -> float:
+    """A result's number (None: not finite, as the results write NaN) as a float."""
+    return math.nan if x is None else float(x)
+
+
+def _last(columns: dict[str, list[float | None]], name: str, default: float) -> float:
+    """The last value of column ``name`` of a run's metrics, or ``default`` when it has none."""
+    values = columns.get(name) or [None]
+    return default if values[-1] is None else float(values[-1])
 
 
 _NOT_SETTINGS = frozenset({"seed", "motion", "estimator.seed"})

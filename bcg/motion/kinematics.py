@@ -15,7 +15,20 @@ import torch
 from bcg.motion.rotations import quat_to_matrix_wxyz
 from bcg.sim import Kinematics, SimModel
 
-__all__ = ["Kinematics", "KinematicsFn", "KeyPoints"]
+__all__ = ["Kinematics", "KinematicsFn", "KeyPoints", "body_ancestry"]
+
+
+def body_ancestry(parent: np.ndarray) -> np.ndarray:
+    """[nb, nb] bool: ``[b, a]`` is True when body a's hinge moves body b (a on b's path to the root, b included; the
+    root's row and column stay False) for the tree ``parent`` [nb] (parent[0] of the root unused)."""
+    nb = len(parent)
+    out = np.zeros((nb, nb), bool)
+    for b in range(1, nb):
+        a = b
+        while a > 0:
+            out[b, a] = True
+            a = parent[a]
+    return out
 
 
 class KinematicsFn:
@@ -42,13 +55,7 @@ class KinematicsFn:
         self.B, self.BK, self.BK2 = B, B @ K, B @ K @ K  # [nb, 3, 3]
         self.body_pos = torch.as_tensor(model.body_pos, **kw)
         self.axis = axis  # [nb, 3] hinge axis in its body's frame (root row unused)
-        ancestor = np.zeros((nb, nb), bool)  # ancestor[b, a]: body a's hinge moves body b (a on b's path, b included)
-        for b in range(1, nb):
-            a = b
-            while a > 0:
-                ancestor[b, a] = True
-                a = parent[a]
-        self.ancestor = torch.as_tensor(ancestor, device=device)
+        self.ancestor = torch.as_tensor(body_ancestry(parent), device=device)  # [nb, nb], see body_ancestry
         self.level_idx = [torch.as_tensor(lv, device=device) for lv in levels]
         self.nb = nb
         self.dtype = dtype

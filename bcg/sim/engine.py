@@ -497,13 +497,13 @@ def allocate_step(model: SimModel, n: int, requires_grad: bool, per_env_physics:
     """Arrays for one step: with gradients, a set of its own (from the pool of released sets when possible; its
     gradients pooled, see :func:`acquire_grads`); without, one cached set that every call reuses."""
     ws = _workspace(model, ws)
-    key = (n, per_env_physics)
     if requires_grad:
         arrs = ws.take_released(n, per_env_physics)
         if arrs is not None:
             arrs.reset_for_reuse()
             return arrs
         return StepArrays(model, n, True, per_env_physics, grads="pooled", ws=ws)
+    key = (n, per_env_physics)
     arrs = ws.workspaces.get(key)
     if arrs is None:
         arrs = ws.workspaces[key] = StepArrays(model, n, False, per_env_physics, ws=ws)
