@@ -365,6 +365,8 @@ class StudyMethods:
         except (FileNotFoundError, ValueError, KeyError) as exc:
             raise UserError(str(exc)) from None
         transfer, samples = transfer_rows(runs), samples_rows(runs, self.baseline)
+        if (self.out / "results.json").exists():  # a rebuild from the runs: say that it replaces the earlier one
+            print(f"[study methods] replacing the earlier results in {self.out}")
         self.out.mkdir(parents=True, exist_ok=True)
         figure = None
         if any(r.curve for r in runs):
