@@ -182,9 +182,9 @@ def test_diverged_step_terminates_and_blocks_gradient(motion_path: Path) -> None
     episode with reward 0 and no gradient; the other environment's values and gradients are untouched."""
     from bcg.envs.transition import simulator_step
 
-    def nan_row0(model, q, qd, targets, physics=None, *, env_ids, state):
-        q1, qd1, contact = simulator_step(model, q, qd, targets, physics)
-        return q1, torch.where((env_ids == 0)[:, None], torch.full_like(qd1, float("nan")), qd1), contact
+    def nan_row0(model, q, qd, targets, physics=None, *, env_ids, memory):
+        q1, qd1, contact, mem = simulator_step(model, q, qd, targets, physics)
+        return q1, torch.where((env_ids == 0)[:, None], torch.full_like(qd1, float("nan")), qd1), contact, mem
 
     def run(fn):
         env = make_vec(motion_path, 2, differentiable=True)

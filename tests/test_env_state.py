@@ -117,8 +117,8 @@ def test_transition_function_seam(motion_path: Path) -> None:
 
     calls = []
 
-    def recording(model, q, qd, targets, physics=None, *, env_ids, state):
-        calls.append((q.shape[0], env_ids.clone(), state))
+    def recording(model, q, qd, targets, physics=None, *, env_ids, memory):
+        calls.append((q.shape[0], env_ids.clone(), memory))
         return simulator_step(model, q, qd, targets, physics)
 
     env = make(motion_path, 2, transition_fn=recording)
@@ -131,16 +131,78 @@ def test_transition_function_seam(motion_path: Path) -> None:
     assert torch.equal(obs, obs_ref) and torch.equal(rew, rew_ref)  # the default seam is bcg.sim.step
     env.transition(env.state.repeat_interleave(3), a.repeat_interleave(3, 0))
     assert [c[0] for c in calls] == [2, 6]
-    assert calls[1][1].tolist() == [0, 0, 0, 1, 1, 1] and isinstance(calls[1][2], EnvState)
+    assert calls[1][1].tolist() == [0, 0, 0, 1, 1, 1] and calls[1][2] == {}  # the simulator alone keeps no memory
 
-    def frozen(model, q, qd, targets, physics=None, *, env_ids, state):
-        q1, qd1, contact = simulator_step(model, q, qd, targets, physics)
-        return q.detach(), torch.zeros_like(qd1), contact  # a "physics" that holds the robot still
+    def frozen(model, q, qd, targets, physics=None, *, env_ids, memory):
+        q1, qd1, contact, _ = simulator_step(model, q, qd, targets, physics)
+        return q.detach(), torch.zeros_like(qd1), contact, {}  # a "physics" that holds the robot still
 
     env.transition_fn = frozen
     q_before = env.q.clone()
     env.step(a)
     assert torch.equal(env.q, q_before)
+
+
+def _counting(nan_row: int | None = None):
+    """A transition function with a memory: the simulator's step plus a per-row step counter (and a float [N, 2]
+    entry that carries the graph of the step's velocity); ``nan_row`` returns NaN for that row's velocity (the guard
+    then puts it in its reference pose)."""
+    from bcg.envs.transition import simulator_step
+
+    def fn(model, q, qd, targets, physics=None, *, env_ids, memory):
+        q1, qd1, contact, _ = simulator_step(model, q, qd, targets, physics)
+        n = (memory or {}).get("count.n", torch.zeros(len(q), dtype=torch.long))
+        if nan_row is not None:
+            qd1 = torch.where((torch.arange(len(q)) == nan_row)[:, None], float("nan"), qd1)
+        return q1, qd1, contact, {"count.n": n + 1, "count.v": qd1[:, :2] * 1.0}
+
+    return fn
+
+
+def test_transition_memory_travels_with_its_rows(motion_path: Path) -> None:
+    """The memory a transition function returns is stored with the rows, gathered, repeated, detached, saved and
+    restored with them, and zero wherever the env starts or replaces a row (reset, guard, replay, set_state)."""
+    env = make(motion_path, 3, transition_fn=_counting(), differentiable=True, max_episode_steps=50)
+    env.reset(seed=0)
+    assert env.state.memory == {}
+    a = torch.zeros(3, 29, requires_grad=True)
+    for _ in range(3):
+        env.step(a)
+    s = env.state
+    assert s.memory["count.n"].tolist() == [3, 3, 3] and s.memory["count.v"].requires_grad
+    assert s[torch.tensor([2, 0])].memory["count.n"].tolist() == [3, 3]
+    assert s.repeat_interleave(2).memory["count.v"].shape == (6, 2)
+    env.detach()
+    assert env.state.memory["count.n"].tolist() == [3, 3, 3] and not env.state.memory["count.v"].requires_grad
+    env.reset(options={"reset_mask": [False, True, False]})
+    assert env.state.memory["count.n"].tolist() == [3, 0, 3] and env.state.memory["count.v"][1].eq(0).all()
+    env.step(a)
+    assert env.state.memory["count.n"].tolist() == [4, 1, 4]
+    saved = EnvState.from_saved(env.state.saved(), env.model, "cpu")
+    assert saved.equal(env.state) and sorted(saved.memory) == ["count.n", "count.v"]
+    env.step(a)
+    env.load_state(saved)
+    env.step(a)
+    assert env.state.memory["count.n"].tolist() == [5, 2, 5]  # the restored rows' memory, not the later one
+    # an old checkpoint's state has no memory: it loads with an empty one
+    old = {k: v for k, v in env.state.saved().items() if k != "memory"}
+    assert EnvState.from_saved(old, env.model, "cpu").memory == {}
+    env.set_state(env.q.detach(), env.qd.detach())
+    assert env.state.memory == {}
+    # a key on one side of a scatter is zero on the other
+    mixed = env.state.scatter(torch.tensor([1]), saved[torch.tensor([1])])
+    assert mixed.memory["count.n"].tolist() == [0, 1, 0]
+    assert s.clear_memory(torch.tensor([True, False, False])).memory["count.n"].tolist() == [0, 3, 3]
+
+    # the guard's safe pose and a demonstration replay replace a row: its memory is cleared
+    env = make(motion_path, 2, transition_fn=_counting(nan_row=0), max_episode_steps=50)
+    env.reset(seed=0)
+    env.step(torch.zeros(2, 29))
+    assert env.state.memory["count.n"].tolist() == [0, 1]
+    env = make(motion_path, 2, transition_fn=_counting(), replay_threshold=1e-9, max_episode_steps=50)
+    env.reset(seed=0)
+    env.step(torch.zeros(2, 29))
+    assert env.state.memory["count.n"].tolist() == [0, 0]
 
 
 # ---------------------------------------------------------------------------------------------------- config

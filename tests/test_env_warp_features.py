@@ -288,10 +288,10 @@ def test_a_step_with_an_unstable_row_takes_the_general_path() -> None:
     from bcg.envs.transition import simulator_step
 
     def blow_up(*args, **kw):
-        q1, qd1, contact = simulator_step(*args, **kw)
+        q1, qd1, contact, mem = simulator_step(*args, **kw)
         qd1 = qd1.clone()
         qd1[1, 10] = float("nan")
-        return q1, qd1, contact
+        return q1, qd1, contact, mem
 
     outs = []
     for warp in (True, False):

@@ -102,14 +102,14 @@ def test_entry_point_of_a_temporary_distribution(tmp_path, monkeypatch: pytest.M
 W = 0.3 * torch.randn(29, 29, generator=torch.Generator().manual_seed(0))
 
 
-def scripted(model, q, qd, targets, physics=None, *, env_ids=None, state=None):
+def scripted(model, q, qd, targets, physics=None, *, env_ids=None, memory=None):
     """A smooth inner transition (no simulator) that uses every input: the root quaternion passes through."""
     h, r = q[:, 7:], qd[:, 6:]
     q1 = torch.cat([q[:, :3] + 0.01 * qd[:, :3], q[:, 3:7], h + 0.02 * torch.sin(r) + 0.01 * targets], 1)
     qd1 = torch.cat([0.9 * qd[:, :6] + 0.1 * q[:, :3].sum(1, keepdim=True),
                      torch.tanh(r @ W.T + 0.5 * targets - h)], 1)
     imp = h[:, :8] ** 2
-    return q1, qd1, ContactReport(imp, 10.0 * imp, torch.cos(h[:, 8:16]))
+    return q1, qd1, ContactReport(imp, 10.0 * imp, torch.cos(h[:, 8:16])), {}
 
 
 def _inputs(env, n: int = N):
@@ -126,7 +126,7 @@ def _inputs(env, n: int = N):
 
 def _estimate(est, env, q, qd, t, cot):
     leaves = [x.clone().requires_grad_(True) for x in (q, qd, t)]
-    q1, qd1, c = est(env.model, *leaves)
+    q1, qd1, c, _ = est(env.model, *leaves)
     loss = sum((g * y).sum() for g, y in zip(cot, (q1, qd1, *c), strict=True))
     return (q1, qd1, c), torch.autograd.grad(loss, leaves)
 
@@ -208,9 +208,9 @@ def test_zobg_on_linear_dynamics_converges_to_the_jacobian(aobg, env) -> None:
     g = torch.Generator().manual_seed(5)
     A = torch.eye(35) + 0.2 * torch.randn(35, 35, generator=g)
 
-    def linear(model, q, qd, targets, physics=None, *, env_ids=None, state=None):
+    def linear(model, q, qd, targets, physics=None, *, env_ids=None, memory=None):
         z = q.new_zeros(q.shape[0], 8)
-        return q, qd @ A.T, ContactReport(z, z, z)
+        return q, qd @ A.T, ContactReport(z, z, z), {}
 
     k = 8  # output rows 6..13 (hinge rates), one row of the batch each
     q = env.state.q[:1].repeat(k, 1)
@@ -300,11 +300,11 @@ def test_a_non_finite_branch_is_dropped(aobg, env) -> None:
     q, qd, t, cot = _inputs(env)
 
     def breaking(bad_rows):
-        def inner(model, q, qd, targets, physics=None, *, env_ids=None, state=None):
-            q1, qd1, c = scripted(model, q, qd, targets)
+        def inner(model, q, qd, targets, physics=None, *, env_ids=None, memory=None):
+            q1, qd1, c, mem = scripted(model, q, qd, targets)
             bad = torch.zeros(q.shape[0], dtype=torch.bool)
             bad[[r for r in bad_rows if r < q.shape[0]]] = True
-            return q1, torch.where(bad[:, None], float("nan"), qd1), c
+            return q1, torch.where(bad[:, None], float("nan"), qd1), c, mem
         return inner
 
     kw = {"alpha": alpha, "branches": B, "seed": seed, "sigma_q": 0.02, "sigma_qd": 0.05, "sigma_u": 0.0}

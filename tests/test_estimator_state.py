@@ -1,7 +1,8 @@
 """Estimator state for exact checkpoints: ``est.state_dict()`` / ``est.load_state_dict(sd)`` hold every run-time
-datum (generator states, counters, open bundles, lagged trigger forces) as tensors and plain values, so a snapshot of
-``env.state`` and the estimator taken mid-run (also inside an open bundle), saved with ``torch.save`` and read with
-``torch.load(..., weights_only=True)``, continues bit for bit in a fresh environment and a fresh estimator."""
+datum (generator states, counters) as tensors and plain values, and ``env.state`` holds the rest (bcg's open bundles
+and lagged trigger forces, in its transition memory), so a snapshot of both taken mid-run (also inside an open
+bundle), saved with ``torch.save`` and read with ``torch.load(..., weights_only=True)``, continues bit for bit in a
+fresh environment and a fresh estimator."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import pytest
 import torch
 
 import bcg  # noqa: F401  (registers the env ids)
+from bcg.envs import EnvState
 from bcg.estimators import make
+from bcg.estimators.bundled import open_rows
 
 N = 4
 
@@ -57,8 +60,11 @@ def test_checkpoint_mid_run_continues_bit_for_bit(name: str, params: dict, diffe
     env = _env(est, differentiable)
     _continue(env, est, 0, 2)
     if name == "bcg":
-        assert est.open_bundles.numel() > 0  # the snapshot is taken inside open bundles
-    snap, sd = env.state.clone(), _roundtrip(est.state_dict())
+        assert open_rows(env.state.memory).numel() > 0  # the snapshot is taken inside open bundles
+    snap, sd = _roundtrip(env.state.saved()), _roundtrip(est.state_dict())
+    snap = EnvState.from_saved(snap, env.model, "cpu")
+    if differentiable:
+        assert not snap.memory["bcg.off_q"].requires_grad  # saved without a graph
     ref = _continue(env, est, 2, 4)
     ref_total = est.total_stats
 
@@ -86,15 +92,14 @@ def test_state_dict_is_plain_and_checked() -> None:
     env = _env(est)
     _continue(env, est, 0, 2)
     sd = est.state_dict()
-    assert set(sd) >= {"version", "name", "params", "seed_override", "generators", "last_stats", "total_stats",
-                       "memory"}
+    assert set(sd) == {"version", "name", "params", "seed_override", "generators", "last_stats", "total_stats"}
     assert sd["name"] == "bcg" and sd["params"]["tau"] == 20.0 and set(sd["generators"]) == {"cpu"}
-    k = int(sd["memory"]["open_ids"].numel())
-    assert k > 0 and sd["memory"]["off_q"].shape == (k, 2, 36) and not sd["memory"]["off_q"].requires_grad
+    saved = env.state.saved()["memory"]
+    assert open_rows(saved).numel() > 0 and saved["bcg.off_q"].shape == (N, 2, 36)
     # the snapshot is a copy: stepping on does not change it
-    left = sd["memory"]["left"].clone()
+    gen, left = sd["generators"]["cpu"].clone(), saved["bcg.left"].clone()
     _continue(env, est, 2, 1)
-    assert torch.equal(sd["memory"]["left"], left)
+    assert torch.equal(sd["generators"]["cpu"], gen) and torch.equal(saved["bcg.left"], left)
     with pytest.raises(ValueError, match="other hyperparameters: tau=20.0 \\(here 400.0\\)"):
         make("bcg", branches=2).load_state_dict(sd)
     with pytest.raises(ValueError, match="saved by estimator 'bcg', this one is 'grs'"):
@@ -102,7 +107,9 @@ def test_state_dict_is_plain_and_checked() -> None:
     with pytest.raises(ValueError, match="made by Estimator.state_dict"):
         make("bcg").load_state_dict({"q": torch.zeros(1)})
     make("bcg", tau=30.0, branches=2).load_state_dict(sd, strict=False)  # a deliberate change of tau
+    # a state written before the open bundles moved into the env's state (they were under "memory") still loads
+    make("bcg", tau=20.0, branches=2).load_state_dict(dict(sd, memory={"left": torch.zeros(N, dtype=torch.long)}))
     # reset() after a load starts over from the seed
     est.load_state_dict(sd)
     est.reset()
-    assert est.state_dict()["generators"] == {} and est.open_bundles.numel() == 0
+    assert est.state_dict()["generators"] == {}

@@ -76,9 +76,9 @@ def test_register_decorator() -> None:
         scale: float = 1.0
         """unused"""
 
-        def _transition(self, model, q, qd, targets, physics, *, env_ids, state):
-            q1, qd1, c = self._call_inner(model, q, qd, targets, physics, env_ids, state)
-            return q1, qd1, c, EstimatorStats(calls=1)
+        def _transition(self, model, q, qd, targets, physics, *, env_ids, memory):
+            q1, qd1, c = self._call_inner(model, q, qd, targets, physics, env_ids)
+            return q1, qd1, c, {}, EstimatorStats(calls=1)
 
     try:
         assert ESTIMATORS["test-null"] is Null and make("test-null", scale=2.0).scale == 2.0
@@ -102,9 +102,9 @@ def test_entry_point_plugin(tmp_path, monkeypatch: pytest.MonkeyPatch, capsys: p
             gain: float = 1.0
             """a parameter"""
 
-            def _transition(self, model, q, qd, targets, physics, *, env_ids, state):
-                q1, qd1, c = self._call_inner(model, q, qd, targets, physics, env_ids, state)
-                return q1, qd1, c, EstimatorStats(calls=1, envs=q.shape[0])
+            def _transition(self, model, q, qd, targets, physics, *, env_ids, memory):
+                q1, qd1, c = self._call_inner(model, q, qd, targets, physics, env_ids)
+                return q1, qd1, c, {}, EstimatorStats(calls=1, envs=q.shape[0])
         '''))
     dist = tmp_path / "bcg_test_plugin-0.1.dist-info"
     dist.mkdir()
@@ -171,7 +171,7 @@ def test_grs_is_the_mean_of_its_branches_and_of_their_gradients(sim_inputs) -> N
     B = 4
     est = GRS(branches=B, seed=3)
     t = t0.clone().requires_grad_(True)
-    q1, qd1, _ = est(model, q0, qd0, t)
+    q1, qd1, _, _ = est(model, q0, qd0, t)
     w_q, w_qd = torch.randn(q1.shape[1] - 7, generator=torch.Generator().manual_seed(1)), torch.randn(qd1.shape[1])
     (g,) = torch.autograd.grad((q1[:, 7:] * w_q).sum() + (qd1 * w_qd).sum() + q1[:, :3].sum(), t)
 
@@ -182,7 +182,7 @@ def test_grs_is_the_mean_of_its_branches_and_of_their_gradients(sim_inputs) -> N
     outs, grads = [], []
     for b in range(B):  # every branch on its own (a test, not a hot path)
         tb = t0.clone().requires_grad_(True)
-        qo, qdo, _ = simulator_step(model, qb[:, b], qdb[:, b], tb)
+        qo, qdo, _, _ = simulator_step(model, qb[:, b], qdb[:, b], tb)
         (gb,) = torch.autograd.grad((qo[:, 7:] * w_q).sum() + (qdo * w_qd).sum() + qo[:, :3].sum(), tb)
         outs.append((qo.detach(), qdo.detach()))
         grads.append(gb)
@@ -219,16 +219,16 @@ def test_grs_drops_nonfinite_branches(sim_inputs) -> None:
     poison[1] = True
     poison[2 * B:] = True
 
-    def diverging(model, q, qd, targets, physics=None, *, env_ids=None, state=None):
-        q1, qd1, c = simulator_step(model, q, qd, targets, physics)
+    def diverging(model, q, qd, targets, physics=None, *, env_ids=None, memory=None):
+        q1, qd1, c, _ = simulator_step(model, q, qd, targets, physics)
         clean["q"], clean["qd"] = q1.detach(), qd1.detach()
         nan = torch.tensor(float("nan"))
-        return torch.where(poison[:, None], nan, q1), torch.where(poison[:, None], nan, qd1), c
+        return torch.where(poison[:, None], nan, q1), torch.where(poison[:, None], nan, qd1), c, {}
 
     est = GRS(branches=B, seed=1).set_inner(diverging)
     t = t0.clone().requires_grad_(True)
     q = q0.clone().requires_grad_(True)
-    q1, qd1, _ = est(model, q, qd0, t)
+    q1, qd1, _, _ = est(model, q, qd0, t)
     assert est.last_stats.nonfinite_dropped == 1 + B and est.last_stats.envs_all_nonfinite == 1
     assert torch.isnan(q1[2]).all() and torch.isnan(qd1[2]).all()
     assert torch.isfinite(q1[:2]).all() and torch.isfinite(qd1[:2]).all()

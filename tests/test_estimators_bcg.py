@@ -1,6 +1,7 @@
 """The ``bcg`` estimator (Bundled Contact Gradients, issue 9): trigger never = bptt bit for bit, zero perturbation
 = bptt values bit for bit with bundles open, the lagged and rollback triggers, bundles of H steps that close at a
-reset or a restored state, window boundaries (env.detach) inside a bundle, determinism."""
+reset, a restored state that carries its bundles, window boundaries (env.detach) inside a bundle, rows that repeat an
+environment, determinism."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from test_estimators import N, _actions, _env, _rollout
 
 from bcg.envs import simulator_step
 from bcg.estimators import EstimatorStats, make
-from bcg.estimators.bundled import BCG
+from bcg.estimators.bundled import BCG, open_rows
 from bcg.sim.reference import ContactReport
 
 
@@ -41,7 +42,7 @@ def test_steps_where_nothing_triggers_are_bit_identical_to_bptt() -> None:
     assert torch.equal(plain[0], got[0]) and torch.equal(plain[1], got[1])
     assert all(torch.equal(a, b) for a, b in zip(plain[2], got[2], strict=True))
     assert est.total_stats == EstimatorStats(calls=4, envs=4 * N, branches_simulated=4 * N)
-    assert est.open_bundles.numel() == 0
+    assert open_rows(got[3].memory).numel() == 0 and got[3].memory["bcg.left"].shape == (N,)
 
 
 @pytest.mark.parametrize("zero", [{"law": "joint_gaussian", "sigma_q": 0.0, "sigma_qd": 0.0},
@@ -99,38 +100,54 @@ def test_rollback_trigger_and_per_foot() -> None:
     env = _env()
     env.step(torch.zeros(N, 29))
     s = env.state
-    _, _, c = simulator_step(env.model, s.q, s.qd, env.action_to_target(torch.zeros(N, 29)))
+    _, _, c, _ = simulator_step(env.model, s.q, s.qd, env.action_to_target(torch.zeros(N, 29)))
     point = BCG(aggregation="per_point").trigger_quantity(env.model, c)
     foot = BCG(aggregation="per_foot").trigger_quantity(env.model, c)
     assert (foot >= point).all() and (foot > point).any()
 
 
-def test_bundles_close_at_a_restored_state_and_survive_detach() -> None:
+def test_a_restored_state_carries_its_bundles_and_detach_keeps_them() -> None:
     est = make("bcg", trigger="always", branches=2, horizon=3)
     env = _env(est)
     snap = env.state
     env.step(_actions(env, 0))
-    assert est.open_bundles.tolist() == list(range(N))
-    env.load_state(snap)  # not the mean the estimator returned: the bundles close, new ones open
+    assert open_rows(env.state.memory).tolist() == list(range(N))
+    inside = env.state
+    env.load_state(snap)  # a state from before the bundles: nothing open there, so new ones open
     env.step(_actions(env, 0))
     assert est.last_stats.envs_triggered == N
+    env.load_state(inside)  # a state inside the bundles: they continue from it
+    env.step(_actions(env, 1))
+    assert est.last_stats.envs_triggered == 0 and est.last_stats.branches_simulated == 2 * N
+    env.load_state(snap)
+    env.step(_actions(env, 0))
     env.detach()          # a window boundary inside the bundles: they continue, with no graph into the old window
+    assert not env.state.memory["bcg.off_q"].requires_grad
     a = _actions(env, 1)
     _, rew, _, _, _ = env.step(a)
     assert est.last_stats.envs_triggered == 0 and est.last_stats.branches_simulated == 2 * N
+    assert env.state.memory["bcg.off_q"].requires_grad  # the offsets of the new window carry its graph
     rew.sum().backward()
     assert torch.isfinite(a.grad).all() and a.grad.abs().sum() > 0
-    est.reset()
-    assert est.open_bundles.numel() == 0
+    env.reset(seed=0)
+    assert open_rows(env.state.memory).numel() == 0
 
 
-def test_one_row_per_environment() -> None:
+def test_rows_that_repeat_an_environment_carry_their_own_bundles() -> None:
+    """Two rows of each environment (a branch batch) with bundles of H = 2: every row opens its own bundle and
+    continues it from its own memory at the next call."""
+    est = BCG(trigger="always", branches=2, horizon=2, seed=3)
     env = _env()
     s = env.state.repeat_interleave(2)
-    with pytest.raises(ValueError, match="one row per environment"):
-        BCG(trigger="always")(env.model, s.q, s.qd,
-                              env.action_to_target(torch.zeros(2 * N, 29), joint_offset=s.joint_offset),
-                              env_ids=s.env_id, state=s)
+    t = env.action_to_target(torch.zeros(2 * N, 29), joint_offset=s.joint_offset).detach()
+    q1, qd1, _, mem = est(env.model, s.q.detach(), s.qd.detach(), t, env_ids=s.env_id)
+    assert est.last_stats.envs_triggered == 2 * N and open_rows(mem).tolist() == list(range(2 * N))
+    assert not torch.equal(mem["bcg.off_q"][0::2], mem["bcg.off_q"][1::2])  # the copies drew their own offsets
+    est(env.model, q1, qd1, t, env_ids=s.env_id, memory=mem)
+    assert est.last_stats.envs_triggered == 0 and est.last_stats.branches_simulated == 2 * 2 * N
+    with pytest.raises(ValueError, match=f"memory holds bundles of 2 branches for {2 * N} rows, this step has "
+                                         f"{2 * N} rows and 3 branches"):
+        BCG(trigger="always", branches=3)(env.model, q1, qd1, t, env_ids=s.env_id, memory=mem)
 
 
 def test_gradient_of_a_two_step_bundle_is_the_mean_of_branch_gradients() -> None:
@@ -145,9 +162,9 @@ def test_gradient_of_a_two_step_bundle_is_the_mean_of_branch_gradients() -> None
     s0 = env.state
     a0, a1 = _actions(env, 0), _actions(env, 1)
     s1, *_ = env.transition(s0, a0)
-    assert est.open_bundles.tolist() == list(range(N))
+    assert open_rows(s1.memory).tolist() == list(range(N))
     s2, *_ = env.transition(s1, a1)
-    assert est.last_stats.envs_triggered == 0 and est.open_bundles.numel() == 0
+    assert est.last_stats.envs_triggered == 0 and open_rows(s2.memory).numel() == 0
     g = torch.Generator().manual_seed(11)
     w_q, w_qd = torch.randn(29, generator=g), torch.randn(35, generator=g)
 
@@ -161,8 +178,8 @@ def test_gradient_of_a_two_step_bundle_is_the_mean_of_branch_gradients() -> None
         t0, t1 = env.action_to_target(a0), env.action_to_target(a1)
         q = s0.q + torch.cat([torch.zeros(N, 7), dq[:, b]], 1)
         qd = s0.qd + torch.cat([torch.zeros(N, 6), dqd[:, b]], 1)
-        q, qd, _ = simulator_step(env.model, q, qd, t0)
-        q, qd, _ = simulator_step(env.model, q, qd, t1)
+        q, qd, _, _ = simulator_step(env.model, q, qd, t0)
+        q, qd, _, _ = simulator_step(env.model, q, qd, t1)
         finals.append(qd.detach())
         b0, b1 = torch.autograd.grad(loss(q, qd), (a0, a1))
         per0.append(b0)
@@ -180,10 +197,10 @@ def test_antithetic_pairs_on_linear_dynamics_give_the_nominal_step() -> None:
     g = torch.Generator().manual_seed(0)
     A = torch.eye(35) + 0.01 * torch.randn(35, 35, generator=g)
 
-    def linear(model, q, qd, targets, physics=None, *, env_ids=None, state=None):
+    def linear(model, q, qd, targets, physics=None, *, env_ids=None, memory=None):
         q1 = torch.cat([q[:, :7], q[:, 7:] + 0.02 * qd[:, 6:] + 0.001 * targets], 1)
         z = q.new_zeros(q.shape[0], 8)
-        return q1, qd @ A.T, ContactReport(z, z, z)
+        return q1, qd @ A.T, ContactReport(z, z, z), {}
 
     env = _env()
     s = env.state
@@ -194,11 +211,11 @@ def test_antithetic_pairs_on_linear_dynamics_give_the_nominal_step() -> None:
     for est in (GRS(branches=4, antithetic=True, sigma_q=0.01, sigma_qd=0.1),
                 BCG(trigger="always", branches=4, horizon=2, antithetic=True, sigma_q=0.01, sigma_qd=0.1)):
         est.set_inner(linear)
-        q1, qd1, _ = est(env.model, q0, s.qd, targets)
+        q1, qd1, _, mem = est(env.model, q0, s.qd, targets)
         torch.testing.assert_close(q1, nominal[0], rtol=0, atol=2e-6)
         torch.testing.assert_close(qd1, nominal[1], rtol=0, atol=2e-6)
     # the second step of the bcg bundle (branches continue from their own states)
-    q2, qd2, _ = est(env.model, q1, qd1, targets)
+    q2, qd2, _, _ = est(env.model, q1, qd1, targets, memory=mem)
     assert est.last_stats.envs_triggered == 0 and est.last_stats.branches_simulated == 4 * N
     n2 = linear(env.model, *nominal[:2], targets)
     torch.testing.assert_close(q2, n2[0], rtol=0, atol=4e-6)
@@ -226,21 +243,21 @@ def test_an_autoreset_inside_an_open_bundle_closes_it() -> None:
     env = _plain_env(est, max_episode_steps=2)
     env.step(_actions(env, 0))
     env.reset(options={"reset_mask": [False, True, False]})
+    assert open_rows(env.state.memory).tolist() == [0, 2]  # the reset cleared env 1's memory
     _, _, _, trunc, _ = env.step(_actions(env, 1))
     assert trunc.tolist() == [True, False, True] and est.last_stats.envs_triggered == 1
-    assert est.open_bundles.tolist() == [0, 2, 1]       # as far as the estimator knows, all three are open
+    assert open_rows(env.state.memory).tolist() == [1]  # the autoreset cleared the memory of envs 0 and 2
     snap, sd = env.state.clone(), est.state_dict()
     a2 = _actions(env, 2)
-    obs, rew, *_ = env.step(a2)
+    obs, rew, _, trunc, _ = env.step(a2)
     assert est.last_stats.envs_triggered == 2 and est.last_stats.branches_simulated == 3 * N
-    assert sorted(est.open_bundles.tolist()) == [0, 1, 2]
-    assert est.state_dict()["memory"]["left"].tolist() == [2, 1, 2]  # new bundles: H - 1 left; env 1: its last
+    # new bundles in envs 0 and 2 (H - 1 steps left); env 1's episode ended at this step, its reset closed the bundle
+    assert trunc.tolist() == [False, True, False] and env.state.memory["bcg.left"].tolist() == [2, 0, 2]
 
     ref = BCG(**params)
     env_ref = _plain_env(ref, max_episode_steps=2)
-    env_ref.load_state(snap)
+    env_ref.load_state(snap.clear_memory(torch.tensor([True, False, True])))  # closed by hand
     ref.load_state_dict(sd)
-    ref.close_bundles(torch.tensor([0, 2]))
     obs_ref, rew_ref, *_ = env_ref.step(a2)
     assert torch.equal(obs, obs_ref) and torch.equal(rew, rew_ref) and ref.last_stats == est.last_stats
 
@@ -255,11 +272,10 @@ def test_an_autoreset_inside_an_open_bundle_closes_it() -> None:
 
 
 def test_branch_batches_and_gathered_rows() -> None:
-    """``env.transition`` on rows that repeat an environment (``state.repeat_interleave(k)``): refused with the
-    reason where bcg keeps bundles or lagged forces across calls; accepted where nothing carries over (H = 1 with
-    trigger always or rollback), each row on its own (= grs with the same seed, bit for bit) and without touching the
-    environments' bookkeeping. Gathered rows of distinct environments continue their own bundles and leave the others
-    open."""
+    """``env.transition`` on rows that repeat an environment (``state.repeat_interleave(k)``) for every configuration,
+    each row with its own memory; where nothing carries over (H = 1 with trigger always) each row equals grs with the
+    same seed, bit for bit. Gathered rows of distinct environments continue their own bundles; a lookahead with the
+    attached estimator leaves the env's state, and so its bundles, as they were."""
     from bcg.estimators.grs import GRS
 
     k = 2
@@ -268,12 +284,12 @@ def test_branch_batches_and_gathered_rows() -> None:
         env = _plain_env(est)
         s = env.state
         a = _actions(env, 0).detach()
-        with pytest.raises(ValueError, match=r"6 rows for 3 environments.*one row per environment.*horizon=1"):
-            env.transition(s.repeat_interleave(k), a.repeat_interleave(k, 0))
-        for bad in (BCG(tau=20.0), BCG(tau=20.0, horizon=1), BCG(timing="rollback")):  # lagged, or H > 1
-            with pytest.raises(ValueError, match="env_ids repeat"):
-                bad.attach(env)
-                env.transition(s.repeat_interleave(k), a.repeat_interleave(k, 0))
+        rows, *_ = env.transition(s.repeat_interleave(k), a.repeat_interleave(k, 0))
+        assert open_rows(rows.memory).tolist() == list(range(k * N)) and est.last_stats.envs_triggered == k * N
+        for lagged in (BCG(tau=20.0), BCG(tau=20.0, horizon=1), BCG(timing="rollback")):  # lagged, or H > 1
+            lagged.attach(env)
+            nxt, *_ = env.transition(s.repeat_interleave(k), a.repeat_interleave(k, 0))
+            assert nxt.memory["bcg.peak"].shape == (k * N, 2) and lagged.last_stats.envs == k * N
 
         one = BCG(trigger="always", branches=3, horizon=1, seed=4, law="joint_gaussian")
         grs = GRS(branches=3, seed=4, law="joint_gaussian")
@@ -289,19 +305,47 @@ def test_branch_batches_and_gathered_rows() -> None:
         # gathered rows (distinct environments) of a state whose bundles are open
         est.attach(env)
         env.step(a)
-        assert est.open_bundles.tolist() == [0, 1, 2]
+        assert open_rows(env.state.memory).tolist() == [0, 1, 2]
         idx = torch.tensor([0, 2])
-        sd = est.state_dict()
-        env.transition(env.state[idx], _actions(env, 1).detach()[idx])
+        before = env.state
+        ahead, *_ = env.transition(env.state[idx], _actions(env, 1).detach()[idx])
         assert est.last_stats.envs_triggered == 0 and est.last_stats.branches_simulated == 2 * 3
-        assert est.open_bundles.tolist() == [1]  # 0 and 2 closed after their H = 2 steps; 1 is still open
-        # that call was a lookahead: restoring the estimator's state undoes it, the env's own step continues all three
-        est.load_state_dict(sd)
+        assert open_rows(ahead.memory).numel() == 0  # their H = 2 steps are done
+        # that call was a lookahead: the env's state and its bundles are untouched, its own step continues all three
+        assert env.state is before and open_rows(env.state.memory).tolist() == [0, 1, 2]
         env.step(_actions(env, 1).detach())
         assert est.last_stats.envs_triggered == 0 and est.last_stats.branches_simulated == 3 * N
-        assert est.open_bundles.numel() == 0
-        # a branch call of a stateless estimator leaves the environments' memory alone
-        one.attach(env)
-        before = one.state_dict()["memory"]
-        env.transition(env.state.repeat_interleave(k), _actions(env, 1).detach().repeat_interleave(k, 0))
-        assert one.state_dict()["memory"] is None and before is None
+        assert open_rows(env.state.memory).numel() == 0
+
+
+def test_a_reset_of_another_row_keeps_an_open_bundles_graph() -> None:
+    """Env 1 diverges inside its bundle (every branch NaN) and is reset while env 0's bundle is open: nothing changes
+    for env 0, whose branches keep their own sensitivities (the graph of their offsets), so the gradient of its later
+    reward to its first action is the one without the other row's reset. (Before the bundles moved into the state's
+    memory, the estimator kept an offset's graph only when the incoming state tensor was the very one it returned;
+    a reset of any other row made a new tensor, and so cut every open bundle's branch sensitivities.)"""
+    grads = []
+    for reset_other in (False, True):
+        calls = []
+
+        def inner(model, q, qd, targets, physics=None, *, env_ids=None, memory=None, calls=calls,
+                  reset_other=reset_other):
+            q1, qd1, c, mem = simulator_step(model, q, qd, targets, physics)
+            calls.append(1)
+            if reset_other and len(calls) == 2:
+                qd1 = torch.where((env_ids == 1)[:, None], float("nan"), qd1)
+            return q1, qd1, c, mem
+
+        est = BCG(trigger="always", branches=3, horizon=3, seed=2, law="joint_gaussian", sigma_q=0.05,
+                  sigma_qd=0.2).set_inner(inner)
+        env = _env(est)
+        a0 = _actions(env, 0)
+        env.step(a0)
+        _, _, term, _, _ = env.step(_actions(env, 1).detach())
+        assert term.tolist() == [False, reset_other, False] and est.last_stats.envs_all_nonfinite == int(reset_other)
+        _, rew, *_ = env.step(_actions(env, 2).detach())
+        assert est.last_stats.envs_triggered == int(reset_other)  # env 0 is inside its bundle all along
+        (g,) = torch.autograd.grad(rew[0], a0)
+        assert g[0].abs().sum() > 0
+        grads.append(g[0])
+    assert torch.equal(grads[0], grads[1])

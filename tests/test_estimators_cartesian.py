@@ -128,10 +128,10 @@ def test_bcg_perturbs_the_chains_of_the_feet_that_passed_tau(g1_model) -> None:
     force[1] = 500.0
     seen: list = []
 
-    def scripted(model, q, qd, targets, physics=None, *, env_ids=None, state=None):
+    def scripted(model, q, qd, targets, physics=None, *, env_ids=None, memory=None):
         seen.append((q.detach().clone(), env_ids.clone()))
-        q1, qd1, c = simulator_step(model, q, qd, targets, physics)
-        return q1, qd1, ContactReport(c.impulse, force[env_ids], c.penetration)
+        q1, qd1, c, _ = simulator_step(model, q, qd, targets, physics)
+        return q1, qd1, ContactReport(c.impulse, force[env_ids], c.penetration), {}
 
     est = BCG(law="cartesian", branches=3, tau=400.0).set_inner(scripted)
     env = _env(est)

@@ -130,16 +130,24 @@ def test_observations_agree_with_training_env():
     env.step(policy(env.observe()))
     assert tfn.resets == 4
     assert int(env.state.frame[1]) == 601 and int(env.state.frame[0]) == 7
+    # a restored earlier state carries older step tokens in its rows' memory: every row is set again from it once
+    mid = env.state
+    env.step(policy(env.observe()))
+    env.load_state(mid)
+    env.step(policy(env.observe()))
+    assert tfn.resets == 7
+    env.step(policy(env.observe()))
+    assert tfn.resets == 7 and env.state.memory["mujoco.token"].shape == (3,)
 
 
 def test_metrics_of_kinematic_replay_are_zero():
     """A physics that puts the robot exactly on the reference (a kinematic replay) scores zero on every metric."""
     env = make_env("dance", 2, simulator="bcg")
 
-    def kinematic(model, q, qd, targets, physics=None, *, env_ids, state):
-        f = (state.frame + 1).clamp(max=env.num_frames - 1)
+    def kinematic(model, q, qd, targets, physics=None, *, env_ids, memory):
+        f = (env.state.frame + 1).clamp(max=env.num_frames - 1)  # the state being stepped
         c = torch.zeros(len(q), 8)
-        return env.motion.qpos[f].to(q), env.motion.qvel[f].to(qd), ContactReport(c, c, c)
+        return env.motion.qpos[f].to(q), env.motion.qvel[f].to(qd), ContactReport(c, c, c), {}
 
     env.transition_fn.inner = kinematic
     env.reset(seed=0)

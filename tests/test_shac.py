@@ -284,13 +284,13 @@ def test_diverged_environment_is_reset_and_counted() -> None:
 
     calls = []
 
-    def flaky(model, q, qd, targets, physics=None, *, env_ids, state):
-        q1, qd1, contact = simulator_step(model, q, qd, targets, physics)
+    def flaky(model, q, qd, targets, physics=None, *, env_ids, memory):
+        q1, qd1, contact, _ = simulator_step(model, q, qd, targets, physics)
         calls.append(1)
         if len(calls) == 3:
             q1 = q1.clone()
             q1[0, 10] = float("nan")
-        return q1, qd1, contact
+        return q1, qd1, contact, {}
 
     est = make("bptt").set_inner(flaky)
     cfg = SHACConfig(num_envs=2, horizon=4, actor_hidden=(16,), critic_hidden=(16,), critic_iterations=1)

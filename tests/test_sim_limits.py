@@ -200,13 +200,13 @@ def _stress(clip: str, law: str, steps: int, num_envs: int = 16, seed: int = 0, 
         mj = MujocoTransition(num_envs, substeps=int(env_kwargs.get("substeps", 4)),
                               timestep=float(env_kwargs.get("sim_dt", 0.005)))
 
-        def inner(model, q, qd, targets, physics=None):
-            return mj(model, q, qd, targets, physics, env_ids=ids, state=None)
+        def inner(model, q, qd, targets, physics=None, *, env_ids, memory):
+            return mj(model, q, qd, targets, physics, env_ids=ids, memory=memory)
 
     ids = torch.arange(num_envs)
 
-    def recording_step(model, q, qd, targets, physics=None, *, env_ids, state):
-        out = inner(model, q, qd, targets, physics)
+    def recording_step(model, q, qd, targets, physics=None, *, env_ids, memory):
+        out = inner(model, q, qd, targets, physics, env_ids=env_ids, memory=memory)
         produced["q"] = out[0]
         return out
 

@@ -49,7 +49,6 @@ from bcg.envs.config import EnvConfig
 from bcg.envs.sb3 import SB3VecEnv
 from bcg.envs.state import EnvState
 from bcg.envs.vector_env import G1TrackingVectorEnv
-from bcg.sim import Physics, SimModel, physics_from_saved
 
 __all__ = ["PRESETS", "AdaptiveKLPPO", "KLPolicy", "PPOAgent", "PPOConfig", "adaptive_kl_lr", "gaussian_kl", "make_env"]
 
@@ -334,24 +333,6 @@ def _set_np_rng_state(s: Mapping[str, Any]) -> None:
                          float(s["cached_gaussian"])))
 
 
-def _env_state_dict(s: EnvState) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in dataclasses.fields(EnvState):
-        v = getattr(s, f.name)
-        out[f.name] = None if v is None else (v._asdict() if isinstance(v, Physics) else v)
-    return {k: ({n: t.clone() for n, t in v.items()} if isinstance(v, dict) else
-                None if v is None else v.clone()) for k, v in out.items()}
-
-
-def _env_state_from_dict(d: Mapping[str, Any], model: SimModel, device: torch.device) -> EnvState:
-    kw: dict[str, Any] = {}
-    for f in dataclasses.fields(EnvState):
-        v = d[f.name]
-        kw[f.name] = (None if v is None else physics_from_saved(v, model, device)
-                      if isinstance(v, Mapping) else v.to(device))
-    return EnvState(**kw)
-
-
 def make_env(config: PPOConfig, env_config: EnvConfig) -> G1TrackingVectorEnv:
     """The batched environment PPO is handed: ``config.num_envs`` rows of ``env_config`` without gradients and
     with autoreset (whatever ``differentiable`` / ``autoreset`` say)."""
@@ -498,7 +479,7 @@ class PPOAgent:
                 "ret_count": float(vn.ret_rms.count), "returns": torch.as_tensor(vn.returns.copy()),
             },
             "env": {
-                "state": _env_state_dict(self.env.state),
+                "state": self.env.state.saved(),
                 "nonfinite_count": int(self.env.nonfinite_count),
                 "reset_generator": self.env.reset_generator.get_state(),
                 "layers": self.env.layers_state_dict(),
@@ -542,7 +523,7 @@ class PPOAgent:
         vn.ret_rms.count = float(v["ret_count"])
         vn.returns = v["returns"].numpy().copy()
         e = state["env"]
-        self.env.load_state(_env_state_from_dict(e["state"], self.env.model, self.env.device))
+        self.env.load_state(EnvState.from_saved(e["state"], self.env.model, self.env.device))
         self.env.nonfinite_count = int(e["nonfinite_count"])
         self.env.reset_generator.set_state(e["reset_generator"])
         self.env.load_layers_state_dict(e.get("layers", {}))  # states saved before the layers existed have none

@@ -579,14 +579,7 @@ class SHAC:
         weights_only=True)`` reads it): networks, target critics, optimisers, the schedule position (iteration),
         normalisers, the environment's state, generator and layer state (adaptive start scores), the estimator's
         state, the ADD reward's state, the agent's and torch's RNG states, counters."""
-        from bcg.sim import Physics
-
-        s = self.env.state
-        env_state: dict[str, Any] = {}
-        for f in dataclasses.fields(s):
-            v = getattr(s, f.name)
-            env_state[f.name] = (None if v is None else [t.detach().clone() for t in v] if isinstance(v, Physics)
-                                 else v.detach().clone())
+        env_state = self.env.state.saved()
         est_sd = self.estimator.state_dict() if hasattr(self.estimator, "state_dict") else None
         out: dict[str, Any] = {
             "format": STATE_FORMAT,
@@ -629,7 +622,6 @@ class SHAC:
         """Restore :meth:`state_dict`'s output into this agent (built with the same config and environment);
         afterwards ``train_iteration`` repeats the original run's numbers (bit for bit on CPU)."""
         from bcg.envs.state import EnvState
-        from bcg.sim import physics_from_saved
 
         if state.get("format") == "bcg.shac/1":
             state = _stack_critics_of_v1(state, self.critics)
@@ -661,12 +653,7 @@ class SHAC:
         self._ep_length = state["episode_length"].to(dev).clone()
         self._obs = state["obs"].to(dev).clone()
         self._critic_obs = state["critic_obs"].to(dev).clone()
-        fields = {}
-        for f in dataclasses.fields(EnvState):
-            v = state["env_state"][f.name]
-            fields[f.name] = (None if v is None else physics_from_saved(v, self.env.model, dev) if isinstance(v, list)
-                              else v.to(dev).clone())
-        self.env.load_state(EnvState(**fields))
+        self.env.load_state(EnvState.from_saved(state["env_state"], self.env.model, dev))
         self.env.reset_generator.set_state(state["env_generator"])
         self.env.nonfinite_count = int(state["env_nonfinite_count"])
         self.env.load_layers_state_dict(state.get("env_layers", {}))

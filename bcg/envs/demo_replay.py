@@ -57,4 +57,5 @@ class DemonstrationReplay:
         rows = state[idx].detach()
         frame = rows.frame.clamp(0, q_t.shape[0] - 1)
         rows = dataclasses.replace(rows, q=q_t[frame], qd=qd_t[frame])
-        return state.scatter(idx, rows), obs.index_put((idx,), obs_t[frame].to(obs.dtype)), replayed
+        state = state.scatter(idx, rows).clear_memory(replayed)  # the transition's memory was of the old state
+        return state, obs.index_put((idx,), obs_t[frame].to(obs.dtype)), replayed

@@ -113,19 +113,23 @@ class TrackingCore:
         else:
             bad_in = self.guard(s.q, qd0)
             any_bad_in = bool(bad_in.any())
+        memory = s.memory
         if any_bad_in:
             q0 = torch.where(bad_in[:, None], self.safe_qpos(s.frame), q0.detach())
             qd0 = torch.where(bad_in[:, None], torch.zeros_like(qd0), qd0)
+            memory = s.clear_memory(bad_in).memory
         holder: dict = {}
         if torch.is_grad_enabled():
             q_in, qd_in, t_in = (RowGradMask.apply(x, holder) for x in (q0, qd0, targets))
         else:
             q_in, qd_in, t_in = q0, qd0, targets
-        q1, qd1, contact = self.transition_fn(self.model, q_in, qd_in, t_in, s.physics, env_ids=s.env_id, state=s)
+        q1, qd1, contact, memory = self.transition_fn(self.model, q_in, qd_in, t_in, s.physics, env_ids=s.env_id,
+                                                      memory=memory)
         out = None if any_bad_in else self.rules.one_launch(q1, qd1, actions, s, self.guard.launch_bounds())
         if out is not None and out.num_bad == 0:  # else the general path below replaces the unstable rows first
             nxt = dataclasses.replace(s, q=q1, qd=qd1, frame=out.frame, episode_steps=out.steps, prev_actions=actions,
-                                      delayed_actions=actions, push_countdown=countdown, push_vel=push_vel)
+                                      delayed_actions=actions, push_countdown=countdown, push_vel=push_vel,
+                                      memory=memory)
             return StepResult(nxt, out.reward, out.terminated, out.truncated, contact, None, out.bad, out.fell,
                               out.track, out)
         bad = self.guard(q1, qd1)
@@ -142,6 +146,8 @@ class TrackingCore:
         sim = self.features(q1, qd1)
         sig = self.rules(sim, frame, steps, StepContext(actions, s.prev_actions, contact), bad, any_bad, tracking)
         nxt = dataclasses.replace(s, q=q1, qd=qd1, frame=frame, episode_steps=steps, prev_actions=actions,
-                                  delayed_actions=actions, push_countdown=countdown, push_vel=push_vel)
+                                  delayed_actions=actions, push_countdown=countdown, push_vel=push_vel, memory=memory)
+        if any_bad:  # the safe pose is not what the transition function returned
+            nxt = nxt.clear_memory(bad)
         return StepResult(nxt, sig.reward, sig.terminated, sig.truncated, contact, sim, bad, sig.fell,
                           sig.tracking_error, None)

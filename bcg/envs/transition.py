@@ -1,13 +1,18 @@
 """The seam between the environments and whatever advances the physics: the transition-function protocol, and the
 counter-based random draws that keep the environments' transition free of hidden randomness.
 
-A *transition function* has the signature of :func:`bcg.sim.step` plus two keyword arguments::
+A *transition function* has the signature of :func:`bcg.sim.step` plus two keyword arguments, and returns its own
+per-row memory besides the next state::
 
-    fn(model, q, qd, targets, physics=None, *, env_ids, state) -> (q_next, qd_next, contact)
+    fn(model, q, qd, targets, physics=None, *, env_ids, memory) -> (q_next, qd_next, contact, memory_next)
 
 ``env_ids`` [N] long says which environment of the vector env each row belongs to (rows of a branched state
-repeat their environment's id) and ``state`` is the full :class:`~bcg.envs.state.EnvState` at the start of the step.
-Estimators (bundled or smoothed gradients) plug in here; the environments never import one.
+repeat their environment's id). ``memory`` is the rows' :attr:`~bcg.envs.state.EnvState.memory` (``{"owner.key":
+[N, ...]}``; None or empty for rows that carry nothing, e.g. a direct call), and ``memory_next`` the memory of the
+returned rows, which the environment stores in the next state. Whatever a transition function keeps between steps
+lives there, so it is gathered, branched, detached, checkpointed and restored with its rows, and zero wherever the
+environment started or replaced a row. Estimators (bundled or smoothed gradients) plug in here; the environments
+never import one.
 """
 
 from __future__ import annotations
@@ -16,27 +21,29 @@ from typing import Protocol
 
 import torch
 
-from bcg.envs.state import EnvState
 from bcg.sim import ContactReport, Physics, SimModel
 
-__all__ = ["TransitionFn", "hash_uniform", "simulator_step"]
+__all__ = ["Memory", "TransitionFn", "hash_uniform", "simulator_step"]
+
+Memory = dict[str, torch.Tensor]
+"""A transition function's per-row state: ``{"owner.key": [N, ...]}``."""
 
 
 class TransitionFn(Protocol):
     """One control step of the physics for a batch of rows (see the module docstring)."""
 
     def __call__(self, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
-                 physics: Physics | None = None, *, env_ids: torch.Tensor, state: EnvState
-                 ) -> tuple[torch.Tensor, torch.Tensor, ContactReport]: ...
+                 physics: Physics | None = None, *, env_ids: torch.Tensor, memory: Memory | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, ContactReport, Memory]: ...
 
 
 def simulator_step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
                    physics: Physics | None = None, *, env_ids: torch.Tensor | None = None,
-                   state: EnvState | None = None) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
-    """The default transition function: :func:`bcg.sim.step` (looked up at call time), ignoring the extras."""
+                   memory: Memory | None = None) -> tuple[torch.Tensor, torch.Tensor, ContactReport, Memory]:
+    """The default transition function: :func:`bcg.sim.step` (looked up at call time); it keeps no memory."""
     import bcg.sim
 
-    return bcg.sim.step(model, q, qd, targets, physics)
+    return (*bcg.sim.step(model, q, qd, targets, physics), {})
 
 
 _MASK32 = 0xFFFFFFFF

@@ -173,11 +173,12 @@ class G1TrackingVectorEnv(VectorEnv):
         return self._state.q, self._state.qd
 
     def set_state(self, q: torch.Tensor, qd: torch.Tensor) -> None:
-        """Replace the simulator state (same shapes as :meth:`get_state`; may require grad)."""
+        """Replace the simulator state (same shapes as :meth:`get_state`; may require grad). The transition
+        function's memory is cleared: the rows carry nothing of the steps that led to the old state."""
         if q.shape != self.q.shape or qd.shape != self.qd.shape:
             raise ValueError(f"set_state expects q {list(self.q.shape)} and qd {list(self.qd.shape)}, got "
                              f"{list(q.shape)} and {list(qd.shape)}")
-        self._state = dataclasses.replace(self._state, q=q.to(self.q), qd=qd.to(self.qd))
+        self._state = dataclasses.replace(self._state, q=q.to(self.q), qd=qd.to(self.qd), memory={})
 
     @property
     def reset_generator(self) -> torch.Generator:

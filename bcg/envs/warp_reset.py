@@ -147,5 +147,5 @@ class WarpTableReset:
         key, frame, steps, q, qd, prev, delayed, offset, latency, countdown, push, obs_out = outs
         nxt = EnvState(q=q, qd=qd, frame=frame, episode_steps=steps, prev_actions=prev, delayed_actions=delayed,
                        joint_offset=offset, latency=latency, push_countdown=countdown, push_vel=push, rng_key=key,
-                       env_id=s.env_id, physics=None)
-        return nxt, obs_out
+                       env_id=s.env_id, physics=None, memory=s.memory)
+        return nxt.clear_memory(done), obs_out

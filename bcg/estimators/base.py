@@ -7,10 +7,12 @@ An estimator is a frozen dataclass of its hyperparameters (one docstring per fie
 rows into a differentiable transition by calling an *inner* transition function (default
 :func:`bcg.envs.simulator_step`, i.e. :func:`bcg.sim.step`) on branches of those rows, and records per call an
 :class:`EstimatorStats` (``est.last_stats``, and their sum ``est.total_stats``). Estimators never launch Warp kernels
-themselves; all physics goes through the inner function. Mutable run-time data (random generators, counters, open
-bundles) lives beside the frozen fields, so two estimators with the same fields compare equal;
-:meth:`Estimator.state_dict` and :meth:`Estimator.load_state_dict` save and restore it (tensors and plain Python
-values only, so ``torch.load(..., weights_only=True)`` reads a checkpoint) for exact restarts.
+themselves; all physics goes through the inner function. Mutable run-time data (random generators, counters) lives
+beside the frozen fields, so two estimators with the same fields compare equal; what an estimator carries per row
+from one step to the next (BCG's open bundles) is returned as the rows' transition memory and lives in the
+environment's state. :meth:`Estimator.state_dict` and :meth:`Estimator.load_state_dict` save and restore the
+run-time data (tensors and plain Python values only, so ``torch.load(..., weights_only=True)`` reads a checkpoint)
+for exact restarts.
 """
 
 from __future__ import annotations
@@ -89,20 +91,26 @@ class Estimator(abc.ABC):
     # ---------------------------------------------------------------------------------------- plugging in
 
     def __call__(self, model: Any, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
-                 physics: Physics | None = None, *, env_ids: torch.Tensor | None = None, state: Any = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
-        """One control step of ``q.shape[0]`` rows (the :class:`bcg.envs.TransitionFn` signature)."""
-        q1, qd1, contact, stats = self._transition(model, q, qd, targets, physics, env_ids=env_ids, state=state)
+                 physics: Physics | None = None, *, env_ids: torch.Tensor | None = None,
+                 memory: dict[str, torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, ContactReport, dict[str, torch.Tensor]]:
+        """One control step of ``q.shape[0]`` rows (the :class:`bcg.envs.TransitionFn` signature): ``(q_next,
+        qd_next, contact, memory_next)``. ``memory``: what the previous step returned for these rows (None or {}:
+        nothing carried over); pass ``memory_next`` back to continue, e.g. an open bundle."""
+        q1, qd1, contact, mem, stats = self._transition(model, q, qd, targets, physics, env_ids=env_ids,
+                                                        memory=memory)
         rt = self._rt
         rt.last_stats = stats
         rt.total_stats = rt.total_stats + stats
-        return q1, qd1, contact
+        return q1, qd1, contact, mem
 
     @abc.abstractmethod
     def _transition(self, model: Any, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
-                    physics: Physics | None, *, env_ids: torch.Tensor | None, state: Any
-                    ) -> tuple[torch.Tensor, torch.Tensor, ContactReport, EstimatorStats]:
-        """``(q_next, qd_next, contact, stats)`` of one control step (differentiable as torch's grad mode says)."""
+                    physics: Physics | None, *, env_ids: torch.Tensor | None,
+                    memory: dict[str, torch.Tensor] | None
+                    ) -> tuple[torch.Tensor, torch.Tensor, ContactReport, dict[str, torch.Tensor], EstimatorStats]:
+        """``(q_next, qd_next, contact, memory_next, stats)`` of one control step (differentiable as torch's grad
+        mode says); ``memory_next`` holds the rows' state the estimator needs at their next step ({}: none)."""
 
     def attach(self, env: Any) -> Any:
         """Make ``env`` (a vector env with a ``transition_fn`` attribute) step through this estimator; returns env."""
@@ -128,8 +136,11 @@ class Estimator(abc.ABC):
         return self
 
     def _call_inner(self, model: Any, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
-                    physics: Physics | None, env_ids: torch.Tensor | None, state: Any):
-        return self.inner(model, q, qd, targets, physics, env_ids=env_ids, state=state)
+                    physics: Physics | None, env_ids: torch.Tensor | None
+                    ) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
+        """The inner function on rows that carry no memory of their own (branches, a fresh step): ``(q_next, qd_next,
+        contact)``."""
+        return self.inner(model, q, qd, targets, physics, env_ids=env_ids, memory=None)[:3]
 
     # ---------------------------------------------------------------------------------------- randomness, stats
 

@@ -16,7 +16,7 @@ class BPTT(Estimator):
     """Exact pathwise gradient of the single nominal rollout: the env with this estimator is bit-identical to the
     env without one (values and gradients)."""
 
-    def _transition(self, model, q, qd, targets, physics, *, env_ids, state):
-        q1, qd1, contact = self._call_inner(model, q, qd, targets, physics, env_ids, state)
+    def _transition(self, model, q, qd, targets, physics, *, env_ids, memory):
+        q1, qd1, contact, mem = self.inner(model, q, qd, targets, physics, env_ids=env_ids, memory=memory)
         n = int(q.shape[0])
-        return q1, qd1, contact, EstimatorStats(calls=1, envs=n, branches_simulated=n)
+        return q1, qd1, contact, mem, EstimatorStats(calls=1, envs=n, branches_simulated=n)

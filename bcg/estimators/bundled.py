@@ -4,13 +4,14 @@ the state the environment sees (observation, reward, next action), and the nomin
 when the bundle closes. Untriggered environments run one branch. Triggered environments are gathered into one batch
 with the untriggered ones, so every control step is one call of the inner transition function.
 
-How a bundle lives across control steps: the estimator keeps, per open bundle, every branch's offset from the mean
-it returned (``x_i - mean``, with its autograd graph). At the next step the branches restart from the incoming state
-plus these offsets, which is each branch's own state again, with its own sensitivity Z_i (docs/method.md §3.6); a push
-applied by the environment reaches every branch. A bundle closes after H steps, when its environment's incoming
-state is not the mean this estimator returned (a reset, a restored state), or when no branch is usable. When the
-incoming state is a detached copy of that mean (``env.detach()`` at a window boundary) the bundle continues with
-detached offsets, so no gradient crosses the boundary.
+How a bundle lives across control steps: a step returns, in the rows' transition memory (:data:`MEMORY_KEYS`), every
+open bundle's branch offsets from the mean it returned (``x_i - mean``, with their autograd graph). At the next step
+the branches restart from the incoming state plus these offsets, which is each branch's own state again, with its
+own sensitivity Z_i (docs/method.md §3.6); a push applied by the environment reaches every branch. A bundle closes
+after H steps, when no branch is usable, or when the environment clears the row's memory (a reset, a replaced state).
+``env.detach()`` at a window boundary detaches the memory with the state, so the bundle continues with detached
+offsets and no gradient crosses the boundary. A restored state carries its rows' bundles with it. Since the memory is
+per row, rows that repeat an environment (branch batches) each continue their own bundles.
 """
 
 from __future__ import annotations
@@ -29,26 +30,18 @@ from bcg.sim import ContactReport, Physics
 __all__ = ["BCG"]
 
 
-class _Memory:
-    """Per-environment bookkeeping of :class:`BCG` (rows indexed by env id)."""
+MEMORY_KEYS = ("bcg.left", "bcg.peak", "bcg.off_q", "bcg.off_qd")
+"""The per-row memory a :class:`BCG` step returns (rows of :attr:`bcg.envs.EnvState.memory`): ``bcg.left`` [N] long
+(control steps the row's open bundle still runs; 0: none open), ``bcg.peak`` [N, nf] (the step's trigger force per
+foot [N], read by the lagged trigger of the next step), ``bcg.off_q`` [N, B, nq] and ``bcg.off_qd`` [N, B, nv] (the
+open bundle's branch offsets from the mean it returned, with their autograd graph; zero where none is open)."""
 
-    def __init__(self, size: int, nq: int, nf: int, device: torch.device) -> None:
-        self.left = torch.zeros(size, dtype=torch.long, device=device)
-        self.peak = torch.full((size, nf), float("nan"), device=device)  # per foot, the last step's trigger force
-        self.last_q = torch.full((size, nq), float("nan"), device=device)
-        self.open_ids = torch.zeros(0, dtype=torch.long, device=device)
-        self.off_q: torch.Tensor | None = None  # [k, B, nq] offsets of the open bundles (graph kept)
-        self.off_qd: torch.Tensor | None = None
-        self.last_q_out: torch.Tensor | None = None
 
-    def grow(self, size: int) -> None:
-        old = self.left.shape[0]
-        if size <= old:
-            return
-        dev, nq = self.left.device, self.last_q.shape[1]
-        self.left = torch.cat([self.left, torch.zeros(size - old, dtype=torch.long, device=dev)])
-        self.peak = torch.cat([self.peak, torch.full((size - old, self.peak.shape[1]), float("nan"), device=dev)])
-        self.last_q = torch.cat([self.last_q, torch.full((size - old, nq), float("nan"), device=dev)])
+def open_rows(memory: dict[str, torch.Tensor] | None) -> torch.Tensor:
+    """[k] long: the rows of ``memory`` (a :class:`BCG` step's) whose bundle is open (continues at their next step)."""
+    if not memory or "bcg.left" not in memory:
+        return torch.zeros(0, dtype=torch.long)
+    return (memory["bcg.left"] > 0).nonzero().flatten()
 
 
 @register("bcg")
@@ -114,79 +107,12 @@ class BCG(Estimator):
             raise ValueError(f"antithetic pairs need an even number of branches, got {self.branches}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
-        self._rt.memory = None
-
-    def reset(self, seed: int | None = None) -> None:
-        """Restart the random draws, clear the counters and close every open bundle."""
-        super().reset(seed)
-        self._rt.memory = None
-
-    def close_bundles(self, env_ids: torch.Tensor | None = None) -> None:
-        """Close the open bundles of ``env_ids`` (all when None) and forget their trigger forces, as a reset does:
-        their next step runs from the incoming state, without the branches' offsets, and the lagged trigger does not
-        fire on forces of the closed bundle."""
-        mem = self._rt.memory
-        if mem is None:
-            return
-        if env_ids is None:
-            self._rt.memory = None
-            return
-        ids = torch.as_tensor(env_ids, dtype=torch.long, device=mem.left.device).flatten()
-        ids = ids[ids < mem.left.shape[0]]
-        mem.left[ids] = 0
-        mem.peak[ids] = float("nan")
-        mem.last_q[ids] = float("nan")
-        keep = ~torch.isin(mem.open_ids, ids)
-        mem.open_ids = mem.open_ids[keep]
-        if mem.off_q is not None:
-            mem.off_q, mem.off_qd = mem.off_q[keep], mem.off_qd[keep]
-
-    # ---------------------------------------------------------------------------------------- checkpoints
-
-    def state_dict(self) -> dict[str, Any]:
-        """:meth:`Estimator.state_dict` plus ``"memory"``: None, or the per-environment bookkeeping as detached
-        clones: ``left`` [E] long (control steps an open bundle still runs), ``peak`` [E, nf] (the last step's
-        trigger force per foot, for the lagged trigger), ``last_q`` [E, nq] (the state the estimator returned, which
-        tells a continuing bundle from a reset), ``open_ids`` [k] long and the open bundles' branch offsets from their
-        mean ``off_q`` [k, B, nq], ``off_qd`` [k, B, nv]."""
-        out = super().state_dict()
-        mem = self._rt.memory
-        out["memory"] = None if mem is None else {
-            name: (None if getattr(mem, name) is None else getattr(mem, name).detach().clone())
-            for name in ("left", "peak", "last_q", "open_ids", "off_q", "off_qd")}
-        return out
 
     def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
-        """:meth:`Estimator.load_state_dict` plus the open bundles and trigger memory (continued with detached
-        offsets: a checkpoint carries no graph)."""
+        """:meth:`Estimator.load_state_dict`. States saved before the open bundles moved into the environment's state
+        hold them under ``"memory"``; they are not restored (the bundles open at that checkpoint close, so the first
+        steps after such a resume differ from the original run's)."""
         super().load_state_dict(state, strict=strict)
-        saved = state.get("memory")
-        if saved is None:
-            self._rt.memory = None
-            return
-        left = saved["left"]
-        mem = _Memory(int(left.shape[0]), int(saved["last_q"].shape[1]), int(saved["peak"].shape[1]), left.device)
-        for name in ("left", "peak", "last_q", "open_ids", "off_q", "off_qd"):
-            t = saved[name]
-            setattr(mem, name, None if t is None else t.detach().clone())
-        if mem.off_q is not None and int(mem.off_q.shape[0]) != int(mem.open_ids.numel()):
-            raise ValueError(f"bcg state: {int(mem.open_ids.numel())} open bundle ids but offsets of "
-                             f"{int(mem.off_q.shape[0])} bundles")
-        self._rt.memory = mem
-
-    @property
-    def stateless(self) -> bool:
-        """True when nothing carries over between calls (H = 1 and a trigger that reads only the current step:
-        ``always``, or ``force`` with ``rollback``); then rows that repeat an environment (branch batches) are
-        accepted, each row on its own."""
-        return self.horizon == 1 and (self.trigger == "always"
-                                      or (self.trigger == "force" and self.timing == "rollback"))
-
-    @property
-    def open_bundles(self) -> torch.Tensor:
-        """Env ids whose bundle is open (continues at their next step)."""
-        mem = self._rt.memory
-        return torch.zeros(0, dtype=torch.long) if mem is None else mem.open_ids.clone()
 
     # ---------------------------------------------------------------------------------------- helpers
 
@@ -206,62 +132,49 @@ class BCG(Estimator):
         f = self.foot_forces(model, contact)
         return f.amax(1) if f.shape[1] else torch.zeros(f.shape[0], dtype=f.dtype, device=f.device)
 
-    def _memory(self, size: int, nq: int, nf: int, device: torch.device) -> _Memory:
-        mem = self._rt.memory
-        if mem is None or mem.left.device != device or mem.last_q.shape[1] != nq or mem.peak.shape[1] != nf:
-            mem = self._rt.memory = _Memory(size, nq, nf, device)
-        mem.grow(size)
-        return mem
+    def _read_memory(self, memory: dict[str, torch.Tensor] | None, n: int, nq: int, nv: int, nf: int,
+                     like: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(left [n], peak [n, nf], off_q [n, B, nq], off_qd [n, B, nv])`` of the incoming rows (zeros: nothing
+        open, no force recorded)."""
+        B = self.branches
+        if not memory or "bcg.left" not in memory:
+            return (torch.zeros(n, dtype=torch.long, device=like.device), like.new_zeros(n, nf),
+                    like.new_zeros(n, B, nq), like.new_zeros(n, B, nv))
+        left, peak, off_q, off_qd = (memory[k] for k in MEMORY_KEYS)
+        if tuple(off_q.shape) != (n, B, nq) or tuple(peak.shape) != (n, nf):
+            raise ValueError(f"bcg: the rows' memory holds bundles of {int(off_q.shape[1])} branches for "
+                             f"{int(off_q.shape[0])} rows, this step has {n} rows and {B} branches (was the state made "
+                             "with another bcg configuration?)")
+        return left, peak, off_q, off_qd
 
     # ---------------------------------------------------------------------------------------- transition
 
-    def _transition(self, model, q, qd, targets, physics, *, env_ids, state):
+    def _transition(self, model, q, qd, targets, physics, *, env_ids, memory):
         n, B, dev = int(q.shape[0]), self.branches, q.device
         if self.trigger == "never" or n == 0:
-            q1, qd1, c = self._call_inner(model, q, qd, targets, physics, env_ids, state)
-            return q1, qd1, c, EstimatorStats(calls=1, envs=n, branches_simulated=n)
+            q1, qd1, c = self._call_inner(model, q, qd, targets, physics, env_ids)
+            return q1, qd1, c, {}, EstimatorStats(calls=1, envs=n, branches_simulated=n)
         ids = torch.arange(n, device=dev) if env_ids is None else env_ids.to(device=dev, dtype=torch.long)
-        nf = len(model.foot_body)
-        if int(torch.unique(ids).numel()) == n:
-            mem = self._memory(int(ids.max()) + 1, int(q.shape[1]), nf, dev)
-            key = ids  # bookkeeping rows: the environments
-        elif self.stateless:
-            # rows that repeat an environment (branches of a state, candidate actions): nothing carries over between
-            # calls, so a private memory of this call's rows serves and the bundles of the environments stay as they are
-            mem = _Memory(n, int(q.shape[1]), nf, dev)
-            key = torch.arange(n, device=dev)
-        else:
-            uniq, counts = torch.unique(ids, return_counts=True)
-            raise ValueError(
-                f"the bcg estimator got {n} rows for {int(uniq.numel())} environments (env_ids repeat, e.g. "
-                f"{uniq[counts > 1][:4].tolist()}): with horizon={self.horizon}, trigger={self.trigger!r}, "
-                f"timing={self.timing!r} it keeps open bundles and lagged trigger forces per environment across "
-                "calls, which several rows of one environment cannot share. Expected one row per environment; for "
-                "branch batches use a configuration that keeps nothing across calls (horizon=1 with "
-                "trigger='always' or timing='rollback'), or the grs / bptt estimators")
+        nf, nq, nv = len(model.foot_body), int(q.shape[1]), int(qd.shape[1])
+        left, peak, mem_off_q, mem_off_qd = self._read_memory(memory, n, nq, nv, nf, q)
         with torch.no_grad():
-            continues = (mem.last_q[key] == q.detach()).all(1)  # the row is the mean this estimator returned
-            steps = getattr(state, "episode_steps", None)
-            if steps is not None:  # a row at the start of an episode (a reset) is never inside a bundle
-                continues &= steps.to(dev) != 0
-            left = torch.where(continues, mem.left[key], torch.zeros_like(ids))
             cont = left > 0
             if self.trigger == "always":
                 feet = torch.ones(n, nf, dtype=torch.bool, device=dev)
             elif self.timing == "lagged":
-                feet = continues[:, None] & (mem.peak[key] > self.tau)
+                feet = peak > self.tau
             else:
                 feet = torch.zeros(n, nf, dtype=torch.bool, device=dev)
             trig = ~cont & feet.any(1)
         if not (self.trigger == "force" and self.timing == "rollback") and not bool((cont | trig).any()):
-            return self._nominal_only(model, q, qd, targets, physics, ids, state, mem, key)
+            return self._nominal_only(model, q, qd, targets, physics, ids)
         simulated = 0
         nominal_out = None
         if self.trigger == "force" and self.timing == "rollback":
             idx_n = (~cont).nonzero().flatten()
             if idx_n.numel():
                 out = self._call_inner(model, q[idx_n], qd[idx_n], targets[idx_n], _rows(physics, idx_n),
-                                       ids[idx_n], None if state is None else state[idx_n])
+                                       ids[idx_n])
                 simulated += int(idx_n.numel())
                 with torch.no_grad():
                     hit = self.foot_forces(model, out[2]) > self.tau
@@ -274,19 +187,12 @@ class BCG(Estimator):
         K = torch.cat([C, T])
         k, u = int(K.numel()), int(U.numel())
 
-        # offsets of the branched rows: stored ones for open bundles, fresh draws for new ones
-        nq, nv = int(q.shape[1]), int(qd.shape[1])
+        # offsets of the branched rows: the memory's for open bundles (with the graph it carries), fresh draws for new
         off_q = q.new_zeros(k, B, nq)
         off_qd = qd.new_zeros(k, B, nv)
         if C.numel():
-            slot = _positions(mem.open_ids, key[C])
-            keep_graph = (torch.is_grad_enabled() and state is not None and mem.last_q_out is not None
-                          and state.q is mem.last_q_out)
-            oq, oqd = mem.off_q[slot], mem.off_qd[slot]
-            if not keep_graph:
-                oq, oqd = oq.detach(), oqd.detach()
-            off_q = torch.cat([oq, off_q[C.numel():]])
-            off_qd = torch.cat([oqd, off_qd[C.numel():]])
+            off_q = torch.cat([mem_off_q[C].to(q.dtype), off_q[C.numel():]])
+            off_qd = torch.cat([mem_off_qd[C].to(qd.dtype), off_qd[C.numel():]])
         if T.numel():
             if self.law == "cartesian":  # the chains of the feet that passed tau
                 chains = tuple(model.body_names[b] for b in model.foot_body)
@@ -317,8 +223,7 @@ class BCG(Estimator):
         holder: dict = {}
         if torch.is_grad_enabled():
             qb, qdb, tb = (RowGradMask.apply(x, holder) for x in (qb, qdb, tb))
-        q1, qd1, c1 = self._call_inner(model, qb, qdb, tb, _rows(physics, base), ids[base],
-                                       None if state is None else state[base])
+        q1, qd1, c1 = self._call_inner(model, qb, qdb, tb, _rows(physics, base), ids[base])
         simulated += int(base.numel())
         bq, bqd = q1[zeros_u:], qd1[zeros_u:]
         if bool(unusable.any()):  # NaN: average_branches drops the branch (value and gradient)
@@ -341,45 +246,31 @@ class BCG(Estimator):
         qd_out = torch.cat([nqd_rows, mqd])[inv]
         contact = ContactReport(*(torch.cat([a, b])[inv] for a, b in zip(nc_rows, mc, strict=True)))
 
-        # bookkeeping: which bundles stay open, their offsets (with graph), the trigger quantity, the returned state
+        # the rows' memory: which bundles stay open, their offsets (with graph), the trigger quantity
         with torch.no_grad():
             new_left = torch.cat([left[C], torch.full((T.numel(),), self.horizon, dtype=torch.long, device=dev)]) - 1
             alive = keep.any(1)
             stay = (new_left > 0) & alive
-            mem.left[key] = 0
-            mem.left[key[K]] = torch.where(stay, new_left, torch.zeros_like(new_left))
-            mem.peak[key] = self.foot_forces(model, contact)
-            mem.last_q[key] = q_out.detach()
-        old = ~torch.isin(mem.open_ids, key)
+            left_out = torch.zeros_like(left).index_put((K,), torch.where(stay, new_left, torch.zeros_like(new_left)))
         s_idx = stay.nonzero().flatten()
-        new_off_q = bq.reshape(k, B, nq)[s_idx] - mq[s_idx, None]
-        new_off_qd = bqd.reshape(k, B, nv)[s_idx] - mqd[s_idx, None]
-        if mem.off_q is not None and bool(old.any()):
-            new_off_q = torch.cat([mem.off_q[old], new_off_q])
-            new_off_qd = torch.cat([mem.off_qd[old], new_off_qd])
-        mem.open_ids = torch.cat([mem.open_ids[old], key[K][s_idx]])
-        mem.off_q, mem.off_qd = new_off_q, new_off_qd
-        mem.last_q_out = q_out
+        rows = K[s_idx]
+        off_q_out = q_out.new_zeros(n, B, nq).index_put((rows,), bq.reshape(k, B, nq)[s_idx] - mq[s_idx, None])
+        off_qd_out = qd_out.new_zeros(n, B, nv).index_put((rows,), bqd.reshape(k, B, nv)[s_idx] - mqd[s_idx, None])
+        memory_out = dict(zip(MEMORY_KEYS, (left_out, self.foot_forces(model, contact), off_q_out, off_qd_out),
+                              strict=True))
         stats = EstimatorStats(calls=1, envs=n, envs_triggered=int(T.numel()), branches_simulated=simulated,
                                nonfinite_dropped=int((~keep).sum()), envs_all_nonfinite=int((~alive).sum()))
-        return q_out, qd_out, contact, stats
+        return q_out, qd_out, contact, memory_out, stats
 
-    def _nominal_only(self, model, q, qd, targets, physics, ids, state, mem: _Memory, key: torch.Tensor):
-        """A step in which no bundle is open or starts: one plain inner call, and the bookkeeping the general path
-        would do with no branched rows (the same outputs and gradients, without the gathers and concatenations)."""
-        q_out, qd_out, contact = self._call_inner(model, q, qd, targets, physics, ids, state)
-        with torch.no_grad():
-            mem.left[key] = 0
-            mem.peak[key] = self.foot_forces(model, contact)
-            mem.last_q[key] = q_out.detach()
-        if mem.open_ids.numel():  # bundles of environments outside this call stay open
-            old = ~torch.isin(mem.open_ids, key)
-            if not bool(old.all()):
-                mem.open_ids = mem.open_ids[old]
-                mem.off_q, mem.off_qd = mem.off_q[old], mem.off_qd[old]
-        mem.last_q_out = q_out
-        n = int(q.shape[0])
-        return q_out, qd_out, contact, EstimatorStats(calls=1, envs=n, branches_simulated=n)
+    def _nominal_only(self, model, q, qd, targets, physics, ids):
+        """A step in which no bundle is open or starts: one plain inner call, and the memory the general path would
+        return with no branched rows (the same outputs and gradients, without the gathers and concatenations)."""
+        q_out, qd_out, contact = self._call_inner(model, q, qd, targets, physics, ids)
+        n, B = int(q.shape[0]), self.branches
+        memory_out = dict(zip(MEMORY_KEYS, (torch.zeros(n, dtype=torch.long, device=q.device),
+                                            self.foot_forces(model, contact), q_out.new_zeros(n, B, q.shape[1]),
+                                            qd_out.new_zeros(n, B, qd.shape[1])), strict=True))
+        return q_out, qd_out, contact, memory_out, EstimatorStats(calls=1, envs=n, branches_simulated=n)
 
 
 def _rows(physics: Physics | None, idx: torch.Tensor) -> Physics | None:

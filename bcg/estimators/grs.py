@@ -87,14 +87,14 @@ class GRS(Estimator):
 
     # ---------------------------------------------------------------------------------------- transition
 
-    def _transition(self, model, q, qd, targets, physics, *, env_ids, state):
+    def _transition(self, model, q, qd, targets, physics, *, env_ids, memory):
         n, B = int(q.shape[0]), self.branches
         dq, dqd = self.sample(model, q, qd, self.generator(q.device))
         qb, qdb, tb, pb, ids = expand(q, qd, targets, physics, env_ids, B, dq, dqd)
-        q1, qd1, contact, dropped, all_bad = mean_of_branches(self, model, qb, qdb, tb, pb, ids, state, n, B)
+        q1, qd1, contact, dropped, all_bad = mean_of_branches(self, model, qb, qdb, tb, pb, ids, n, B)
         stats = EstimatorStats(calls=1, envs=n, envs_triggered=n, branches_simulated=n * B,
                                nonfinite_dropped=dropped, envs_all_nonfinite=all_bad)
-        return q1, qd1, contact, stats
+        return q1, qd1, contact, {}, stats
 
 
 def joint_gaussian_offsets(model, q: torch.Tensor, qd: torch.Tensor, branches: int, sigma_q: float, sigma_qd: float,
@@ -168,14 +168,13 @@ def expand(q, qd, targets, physics, env_ids, B, dq, dqd):
     return qb, qdb, tb, repeat_physics(physics, B), ids
 
 
-def mean_of_branches(est: Estimator, model, qb, qdb, tb, pb, ids, state, n: int, B: int):
+def mean_of_branches(est: Estimator, model, qb, qdb, tb, pb, ids, n: int, B: int):
     """Simulate the n * B branch rows with ``est``'s inner function and average them per environment, dropping
     non-finite branches. Returns ``(q [n, nq], qd [n, nv], contact, dropped, all_bad)``."""
     holder: dict = {}
     if torch.is_grad_enabled():
         qb, qdb, tb = (RowGradMask.apply(x, holder) for x in (qb, qdb, tb))
-    bstate = None if state is None else state.repeat_interleave(B)
-    q1, qd1, contact = est._call_inner(model, qb, qdb, tb, pb, ids, bstate)
+    q1, qd1, contact = est._call_inner(model, qb, qdb, tb, pb, ids)
     q_mean, qd_mean, c, keep = average_branches(q1, qd1, contact, n, B)
     holder["drop"] = ~keep.reshape(-1)
     return q_mean, qd_mean, c, int((~keep).sum()), int((keep.sum(1) == 0).sum())

@@ -126,7 +126,8 @@ def start_states(env: Any, seed: int, count: int, window: int) -> Any:
 
 def jittered_copies(state: Any, count: int, jitter: float, seed: int) -> Any:
     """``count`` copies of the one-row ``state`` with distinct env ids 0..count-1 and independent N(0, jitter^2)
-    offsets on the hinge angles (row 0 unchanged); velocities, frame and everything else are shared."""
+    offsets on the hinge angles (row 0 unchanged); velocities, frame and everything else are shared; the copies
+    carry no transition memory."""
     if state.num_envs != 1:
         raise ValueError(f"jittered_copies expects a one-row state, got {state.num_envs} rows")
     rows = state.repeat_interleave(count)
@@ -134,7 +135,7 @@ def jittered_copies(state: Any, count: int, jitter: float, seed: int) -> Any:
     off = jitter * torch.randn(count, rows.q.shape[1] - 7, generator=g, device=rows.q.device)
     off[0] = 0.0
     q = torch.cat([rows.q[:, :7], rows.q[:, 7:] + off], 1)
-    return dataclasses.replace(rows, q=q, env_id=torch.arange(count, device=rows.q.device))
+    return dataclasses.replace(rows, q=q, env_id=torch.arange(count, device=rows.q.device), memory={})
 
 
 def observation_normaliser(env: Any, count: int = 256, seed: int = 1_000_003, floor: float = 0.1

@@ -58,9 +58,11 @@ early; a policy that drifts away from the reference keeps being measured."""
 class MujocoTransition:
     """An env transition function (:class:`bcg.envs.TransitionFn`) that advances the rows in C MuJoCo.
 
-    Holds one float64 ``MjData`` per environment of an ``num_envs``-row vector env. A row is (re)set from the env's
-    state only when that state is not what this function returned for it last (the env reset the row, or it is the
-    first step); otherwise MuJoCo continues from its own float64 state. Rows whose entry of :attr:`active` is False
+    Holds one float64 ``MjData`` per environment of an ``num_envs``-row vector env. Every returned row carries a
+    step token in its transition memory (``mujoco.token``, a serial number this function issued). A row is (re)set
+    from the env's state when its token is not the one last issued for its environment (zero after a reset or a
+    replaced state, an older one for a restored state, none at the first step) or when the env changed its velocity
+    since (a push); otherwise MuJoCo continues from its own float64 state. Rows whose entry of :attr:`active` is False
     are frozen: returned unchanged with zero contact.
     """
 
@@ -70,12 +72,14 @@ class MujocoTransition:
         """[N] bool: rows to advance (None: all)."""
         self.resets = 0
         """Rows set from the env's state so far."""
-        self._last_q: torch.Tensor | None = None
-        self._last_qd: torch.Tensor | None = None
+        self._tokens = torch.zeros(num_envs, dtype=torch.long)  # per environment, the token issued last (0: none)
+        self._serial = 0
+        self._last_qd = torch.zeros(num_envs, self.loop.model.nv)
 
     def __call__(self, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
-                 physics: Physics | None = None, *, env_ids: torch.Tensor, state: EnvState
-                 ) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
+                 physics: Physics | None = None, *, env_ids: torch.Tensor,
+                 memory: dict[str, torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, ContactReport, dict[str, torch.Tensor]]:
         loop = self.loop
         if physics is not None:
             raise ValueError("MujocoTransition simulates the MJCF's own parameters; per-environment physics rows "
@@ -88,11 +92,11 @@ class MujocoTransition:
             raise ValueError(f"MujocoTransition advances each of its {loop.num_envs} environments once per step; got "
                              f"rows {rows.tolist()[:8]} (branched states need our simulator)")
         q, qd, targets = q.detach(), qd.detach(), targets.detach()
-        if self._last_q is None:
-            stale = np.ones(len(rows), dtype=bool)
-        else:
-            lq, lqd = self._last_q[rows], self._last_qd[rows]
-            stale = ~((q == lq).all(1) & (qd == lqd).all(1)).cpu().numpy()
+        token = (memory or {}).get("mujoco.token")
+        token = torch.zeros(len(rows), dtype=torch.long) if token is None else token.detach().cpu()
+        ours = self._tokens[rows]
+        pushed = (qd.cpu() != self._last_qd[rows].to(qd.dtype)).any(1)
+        stale = ((token == 0) | (token != ours) | pushed).numpy()
         if stale.any():
             loop.set_state(q[stale].cpu().double().numpy(), qd[stale].cpu().double().numpy(), rows[stale])
             self.resets += int(stale.sum())
@@ -109,10 +113,13 @@ class MujocoTransition:
             imp[a] = torch.as_tensor(out.contact.impulse, dtype=torch.float32)
             peak[a] = torch.as_tensor(out.contact.peak_force, dtype=torch.float32)
             pen[a] = torch.as_tensor(out.contact.penetration, dtype=torch.float32)
-        self._last_q = q1 if self._last_q is None else self._last_q.index_put((torch.as_tensor(rows),), q1)
-        self._last_qd = qd1 if self._last_qd is None else self._last_qd.index_put((torch.as_tensor(rows),), qd1)
+        # every row is now in step with its MjData (stepped, set above, or frozen and unchanged)
+        self._serial += 1
+        self._tokens[rows] = self._serial
+        self._last_qd[rows] = qd1.detach().cpu().to(self._last_qd.dtype)
         dev = q.device
-        return q1, qd1, ContactReport(imp.to(dev), peak.to(dev), pen.to(dev))
+        token_out = torch.full((len(rows),), self._serial, dtype=torch.long, device=dev)
+        return q1, qd1, ContactReport(imp.to(dev), peak.to(dev), pen.to(dev)), {"mujoco.token": token_out}
 
     def qpos64(self) -> np.ndarray:
         """[N, nq] float64 positions of MuJoCo's state (the source of truth)."""
@@ -129,16 +136,17 @@ class FrozenRows:
         """[N] bool: rows to advance (None: all)."""
 
     def __call__(self, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
-                 physics: Physics | None = None, *, env_ids: torch.Tensor, state: EnvState
-                 ) -> tuple[torch.Tensor, torch.Tensor, ContactReport]:
-        q1, qd1, c = self.inner(model, q, qd, targets, physics, env_ids=env_ids, state=state)
+                 physics: Physics | None = None, *, env_ids: torch.Tensor,
+                 memory: dict[str, torch.Tensor] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor, ContactReport, dict[str, torch.Tensor]]:
+        q1, qd1, c, mem = self.inner(model, q, qd, targets, physics, env_ids=env_ids, memory=memory)
         if self.active is None:
-            return q1, qd1, c
+            return q1, qd1, c, mem
         a = self.active.to(q.device)[env_ids][:, None]
         zero = torch.zeros_like(c.impulse)
         return (torch.where(a, q1, q), torch.where(a, qd1, qd),
                 ContactReport(torch.where(a, c.impulse, zero), torch.where(a, c.peak_force, zero),
-                              torch.where(a, c.penetration, zero)))
+                              torch.where(a, c.penetration, zero)), mem)
 
 
 # ------------------------------------------------------------------------------------------------ policies
@@ -208,7 +216,7 @@ def start_state(env: G1TrackingVectorEnv, frames: torch.Tensor, joint_noise: tor
     prev = env.target_to_action(qpos[:, 7:], torch.zeros_like(qpos[:, 7:]))
     s = env.state
     return dataclasses.replace(s, q=q, qd=qvel, frame=frames, episode_steps=torch.zeros_like(frames),
-                               prev_actions=prev, delayed_actions=prev)
+                               prev_actions=prev, delayed_actions=prev, memory={})
 
 
 @dataclass(frozen=True)

@@ -77,13 +77,13 @@ class RecordingTransition:
         self.inner.active = value
 
     def __call__(self, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor, physics: Any = None,
-                 *, env_ids: torch.Tensor, state: Any) -> Any:
-        q1, qd1, contact = self.inner(model, q, qd, targets, physics, env_ids=env_ids, state=state)
+                 *, env_ids: torch.Tensor, memory: Any = None) -> Any:
+        q1, qd1, contact, mem = self.inner(model, q, qd, targets, physics, env_ids=env_ids, memory=memory)
         self.model = model
         act = self.inner.active
         rows = torch.ones(len(q), dtype=torch.bool) if act is None else act.cpu()[env_ids.cpu()]
         self._steps.append(tuple(x.detach().cpu().double()[rows] for x in (q, qd, targets, q1, qd1, contact.impulse)))
-        return q1, qd1, contact
+        return q1, qd1, contact, mem
 
     def transitions(self) -> Transitions:
         """The recorded steps, stacked."""

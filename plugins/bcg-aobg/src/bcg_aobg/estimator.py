@@ -166,7 +166,7 @@ class AOBG(Estimator):
 
     # ---------------------------------------------------------------------------------------- transition
 
-    def _transition(self, model, q, qd, targets, physics, *, env_ids, state):
+    def _transition(self, model, q, qd, targets, physics, *, env_ids, memory):
         n, B = int(q.shape[0]), self.branches
         nq, nv, nu = int(q.shape[1]), int(qd.shape[1]), int(targets.shape[1])
         dev = q.device
@@ -187,19 +187,18 @@ class AOBG(Estimator):
             xqd = (qd.detach()[idx] + off_qd).requires_grad_(grad)
             xt = (targets.detach()[idx] + off_u).requires_grad_(grad)
             pb = None if physics is None else type(physics)(*(t.detach()[idx] for t in physics))
-            q1, qd1, contact = self.inner(model, xq, xqd, xt, pb, env_ids=None if env_ids is None else env_ids[idx],
-                                          state=None if state is None else state[idx])
+            q1, qd1, contact = self._call_inner(model, xq, xqd, xt, pb, None if env_ids is None else env_ids[idx])
             bq, bqd = q1[n0:], qd1[n0:]
             bc = type(contact)(*(t[n0:] for t in contact))
             mq, mqd, mc, keep = average_branches(bq, bqd, bc, n, B)
         stats = EstimatorStats(calls=1, envs=n, envs_triggered=n, branches_simulated=n * B + n0,
                                nonfinite_dropped=int((~keep).sum()), envs_all_nonfinite=int((keep.sum(1) == 0).sum()))
         if not grad:
-            return mq, mqd, mc, stats
+            return mq, mqd, mc, {}, stats
         plan = _Plan(self, (xq, xqd, xt), (q1[:n].detach(), qd1[:n].detach(), type(contact)(*(t[:n].detach()
                      for t in contact))), (bq, bqd, bc), (mq, mqd, mc), keep, (dq, dqd, du))
         out = _AoBGFunction.apply(plan, q, qd, targets)
-        return out[0], out[1], type(contact)(*out[2:]), stats
+        return out[0], out[1], type(contact)(*out[2:]), {}, stats
 
 
 class _Plan:
