@@ -3,6 +3,7 @@
 * Outside ``bcg/sim`` nothing imports a ``bcg.sim`` submodule: the simulator is used through ``bcg.sim`` alone, so
   its modules can be rearranged without touching its users.
 * No package imports a layer above it (sim and robots < motion < envs < estimators < agents < evaluation < cli).
+* No two modules import each other, directly or through others (function-level imports count).
 """
 
 from __future__ import annotations
@@ -65,3 +66,29 @@ def test_the_rules_catch_what_they_forbid(tmp_path):
                  "from bcg.sim import bridge, step\n")
     assert sorted(_imports(p)) == [(2, "bcg.sim.engine"), (3, "bcg.evaluation.compare"), (4, "bcg.sim"),
                                    (4, "bcg.sim.bridge")]
+
+
+def test_no_import_cycles():
+    """Modules of ``bcg`` form no cycle of imports (a package's ``__init__`` re-exporting its own submodules aside)."""
+    names = {}
+    for rel, p in _modules():
+        name = "bcg." + rel.removesuffix(".py").replace("/", ".")
+        names[name.removesuffix(".__init__")] = p
+    graph = {m: {i for _, i in _imports(p) if i in names and i != m and not m.startswith(i + ".")}
+             for m, p in names.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    cycles: list[str] = []
+
+    def visit(m: str, path: list[str]) -> None:
+        state[m] = 1
+        for n in sorted(graph[m]):
+            if state.get(n) == 1:
+                cycles.append(" -> ".join(path[path.index(n):] + [n]) if n in path else f"{m} -> {n}")
+            elif n not in state:
+                visit(n, path + [n])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)

@@ -18,8 +18,6 @@ that differ.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,9 +25,8 @@ from typing import Any
 
 import torch
 
-from bcg.agents.export import read_torch_file
+from bcg.agents.torch_files import atomic_torch_save, read_torch_file
 from bcg.errors import UserError
-from bcg.files import new_file_mode
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "CheckpointError", "atomic_torch_save",
            "check_compatible", "config_differences", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
@@ -43,45 +40,6 @@ CHECKPOINT_VERSION = 1
 
 class CheckpointError(UserError):
     """A checkpoint that cannot be used: missing, truncated, corrupt, unsafe, of another format or incompatible."""
-
-
-def _fsync_dir(folder: Path) -> None:
-    """fsync a directory so that a rename inside it is durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # e.g. Windows: directories cannot be opened; rename durability is the filesystem's
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def atomic_torch_save(obj: Any, path: str | Path) -> Path:
-    """``torch.save(obj)`` to ``path`` atomically: temporary file in the same folder, flush, fsync, rename, fsync of
-    the folder. Either the old file or the complete new one is under ``path`` at every moment; the file gets the mode
-    of any other new file (0o666 less the umask, not mkstemp's 0o600). A temporary file left by a process killed
-    mid-write is removed by :func:`bcg.files.remove_stale_temporaries` at the run's next start. Returns the path."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, new_file_mode())
-        os.replace(tmp, path)
-    except BaseException:  # KeyboardInterrupt included: never leave the temporary file behind
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_dir(path.parent)
-    return path
 
 
 @dataclass(frozen=True)

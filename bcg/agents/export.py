@@ -32,11 +32,12 @@ from typing import Any
 import torch
 from torch import nn
 
+from bcg.agents.torch_files import atomic_torch_save, read_torch_file
 from bcg.errors import UserError
 from bcg.files import file_sha256
 
 __all__ = ["POLICY_FORMAT", "POLICY_FORMAT_VERSION", "ExportedPolicy", "PolicyFileError", "check_mjcf_hash",
-           "file_sha256", "load_policy", "policy_export", "read_torch_file", "save_policy"]
+           "file_sha256", "load_policy", "policy_export", "save_policy"]
 
 POLICY_FORMAT = "bcg-policy"
 """Format tag stored in every policy file."""
@@ -176,7 +177,6 @@ def policy_export(mean_net: nn.Sequential, obs_mean: torch.Tensor, obs_var: torc
 
 def save_policy(path: str | Path, export: Mapping[str, Any]) -> Path:
     """Write :func:`policy_export`'s dict to ``path`` atomically (temporary file, fsync, rename); returns the path."""
-    from bcg.agents.checkpoint import atomic_torch_save
 
     if export.get("format") != POLICY_FORMAT or "meta" not in export or "tensors" not in export:
         raise ValueError("save_policy expects the dict of bcg.agents.export.policy_export")
@@ -263,44 +263,9 @@ def check_mjcf_hash(path: str | Path, expected_sha256: str, name: Any = None) ->
                               f"{expected_sha256[:12]}... ({name})")
 
 
-def read_torch_file(path: str | Path, what: str, error: type[ValueError] = PolicyFileError) -> Any:
-    """``torch.load(path, weights_only=True)`` with errors that say what is wrong (shared with the checkpoints).
-
-    Raises ``error`` (default :class:`PolicyFileError`, a ``ValueError``) for a missing, empty, truncated or corrupt
-    file, and for one holding a pickled Python object that a weights-only load refuses to build (never executed)."""
-    import pickle
-
-    p = Path(path)
-    if not p.is_file():
-        raise error(f"{what} {p} does not exist (or is not a file)")
-    size = p.stat().st_size
-    if size == 0:
-        raise error(f"{what} {p} is empty (0 bytes): an interrupted write or a truncated copy")
-    with open(p, "rb") as f:
-        head = f.read(4)
-    if head != b"PK\x03\x04" and not head.startswith(b"\x80"):  # torch.save's zip archive, or a legacy pickle
-        raise error(f"{what} {p} ({size} bytes) is not a torch file: it starts with {head!r}, neither the zip "
-                    "signature of torch.save nor a pickle header")
-    try:
-        return torch.load(p, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as exc:
-        import re
-
-        msg = str(exc)
-        found = re.search(r"GLOBAL ([\w.]+)", msg)
-        what_obj = f"the global {found.group(1)!r}" if found else "a Python object"
-        detail = msg.strip().splitlines()[0] if msg.strip() else ""
-        raise error(f"{what} {p} holds a pickled Python object ({what_obj}) that a safe (weights_only) load refuses "
-                    f"to build, so it was not loaded and nothing in it ran. torch says: {detail[:300]}") from None
-    except Exception as exc:  # noqa: BLE001 - a damaged stream fails anywhere in the unpickler (EOF, Index, Key...)
-        raise error(f"{what} {p} ({size} bytes) is truncated or corrupt: it is not a complete torch "
-                              f"file ({type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc) else ''})"
-                              ) from None
-
-
 def load_policy(path: str | Path) -> ExportedPolicy:
     """Read a policy file written by :func:`save_policy` (weights-only, no unpickling of arbitrary objects)."""
-    obj = read_torch_file(path, "policy file")
+    obj = read_torch_file(path, "policy file", PolicyFileError)
     if not isinstance(obj, dict) or obj.get("format") != POLICY_FORMAT:
         tag = obj.get("format") if isinstance(obj, dict) else type(obj).__name__
         hint = " (a training checkpoint: turn it into a policy with `bcg export RUN`)" \

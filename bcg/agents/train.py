@@ -155,12 +155,13 @@ def export_run(run: str | Path, out: str | Path | None = None, fmt: str = "torch
     graph, :mod:`bcg.agents.export_graph`). ``run`` may also be a policy file (``policy.pt``), which is converted.
     Returns the file written; a wrong format, an ``out`` that is a folder or cannot be written raise
     :class:`~bcg.errors.UserError`."""
-    from bcg.agents.export import POLICY_FORMAT, ExportedPolicy, load_policy, read_torch_file, save_policy
+    from bcg.agents.export import POLICY_FORMAT, ExportedPolicy, PolicyFileError, load_policy, save_policy
+    from bcg.agents.torch_files import read_torch_file
 
     if fmt not in EXPORT_FILES:
         raise UserError(f"format must be one of {tuple(EXPORT_FILES)}, got {fmt!r}")
     src = Path(run)
-    obj = read_torch_file(src, "policy file") if src.is_file() else None
+    obj = read_torch_file(src, "policy file", PolicyFileError) if src.is_file() else None
     if isinstance(obj, dict) and obj.get("format") == POLICY_FORMAT:  # an exported policy: convert it
         if fmt == "torch":
             raise UserError(f"{src} is already a torch policy file; choose --format onnx or torchscript")
