@@ -114,14 +114,17 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (3600 s), earlier default", ("def60-bcg-run-s0", "def60-bcg-run-s1")),
     ("jump (3600 s)", ("def60-bcg-jump-credit-s0",)),
     ("jump (3600 s), earlier default", ("def60-bcg-jump-s0", "def60-bcg-jump-s1")),
-    ("fight (1200 s)", ("def20-bcg-fight-new-s0",)),
+    ("fight (1200 s; seed 1 trained after the bundle-gradient correction)",
+     ("def20-bcg-fight-new-s0", "def20-bcg-fight-fix-s1")),
     ("fight (1200 s), earlier default", ("def-bcg-fight-s0", "def-bcg-fight-s1")),
-    ("dance (1200 s)", ("def20-bcg-dance-new-s0",)),
+    ("dance (1200 s; seed 1 trained after the bundle-gradient correction)",
+     ("def20-bcg-dance-new-s0", "def20-bcg-dance-fix-s1")),
     ("dance (1200 s), earlier default", ("def-bcg-dance-s0", "def-bcg-dance-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s)", ("def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s), earlier default", ("def60-bcg-jazzwalk-s0", "def60-bcg-jazzwalk-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (1200 s), earlier default", ("ts-bcg-jazzwalk-s0",)),
-    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s)", ("def60-bcg-spinkarate-credit-s0",)),
+    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s)", ("def60-bcg-spinkarate-credit-s0", "def60-bcg-spinkarate-credit-s1")),
+    ("B_SpinKarate, G1 Moves, 25.6 s (7200 s: seed 0 continued)", ("def120-bcg-spinkarate-credit-s0",)),
 )
 """`bcg train --motion CLIP --estimator bcg --max-time-s T` with no other flag, per clip: today's default (a failure
 credited to the start of its episode) and the earlier default (`--adaptive-start-credit end`, otherwise the same);

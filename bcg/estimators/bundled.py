@@ -12,12 +12,16 @@ after H steps, when no branch is usable, or when the environment clears the row'
 ``env.detach()`` at a window boundary detaches the memory with the state, so the bundle continues with detached
 offsets and no gradient crosses the boundary. A restored state carries its rows' bundles with it. Since the memory is
 per row, rows that repeat an environment (branch batches) each continue their own bundles.
+
+Estimator states saved before the bundles moved into the environment's state hold them under ``"memory"``; they load,
+but those bundles are not restored (the ones open at such a checkpoint close, so the first steps after the resume
+differ from the original run's).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 
@@ -27,7 +31,7 @@ from bcg.estimators.grs import average_branches, cartesian_law_offsets, joint_ga
 from bcg.estimators.registry import register
 from bcg.sim import ContactReport, Physics
 
-__all__ = ["BCG"]
+__all__ = ["BCG", "MEMORY_KEYS", "open_rows"]
 
 
 MEMORY_KEYS = ("bcg.left", "bcg.peak", "bcg.off_q", "bcg.off_qd")
@@ -107,12 +111,6 @@ class BCG(Estimator):
             raise ValueError(f"antithetic pairs need an even number of branches, got {self.branches}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise ValueError(f"seed must be an int >= 0, got {self.seed!r}")
-
-    def load_state_dict(self, state: dict[str, Any], *, strict: bool = True) -> None:
-        """:meth:`Estimator.load_state_dict`. States saved before the open bundles moved into the environment's state
-        hold them under ``"memory"``; they are not restored (the bundles open at that checkpoint close, so the first
-        steps after such a resume differ from the original run's)."""
-        super().load_state_dict(state, strict=strict)
 
     # ---------------------------------------------------------------------------------------- helpers
 
