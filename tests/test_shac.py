@@ -343,6 +343,48 @@ def test_state_dict_round_trip_is_exact(tmp_path, estimator: str) -> None:
         assert math.isfinite(a.train_iteration()["disc_loss"])
 
 
+@pytest.mark.parametrize("estimator", ["bcg", "bptt+add"])
+def test_the_critic_fit_beside_the_actor_update_changes_no_number(estimator: str) -> None:
+    """overlap_critic_fit (the fit on a second thread while the actor's backward pass and the ADD update run): every
+    metric and parameter equal to the serial order's, bit for bit, over iterations with bundles open and episodes
+    ending; the fit did run on the other thread; an error inside the fit reaches the caller."""
+    import threading
+
+    from bcg.agents.add import ADDConfig
+    from bcg.estimators import make
+
+    def new_agent(overlap: bool) -> SHAC:
+        est = make("bcg", tau=20.0, branches=3) if estimator == "bcg" else None
+        add = ADDConfig(hidden=(16,), replay_capacity=50, replay_push=4) if estimator.endswith("add") else None
+        cfg = SHACConfig(num_envs=3, horizon=4, actor_hidden=(16,), critic_hidden=(16,), critic_iterations=3,
+                         critic_minibatches=2, max_iterations=10, target_critic_alpha=0.9)
+        return SHAC(cfg, EnvConfig(motion_file=standing_motion(0.3), domain_randomization=True), estimator=est,
+                    add=add, seed=5, overlap_critic_fit=overlap)
+
+    serial, overlapped = new_agent(False), new_agent(True)
+    threads = set()
+    fit = overlapped._fit_critics
+
+    def recording_fit(window):
+        threads.add(threading.current_thread().name)
+        return fit(window)
+
+    overlapped._fit_critics = recording_fit
+    for _ in range(4):
+        assert _numbers(serial.train_iteration()) == _numbers(overlapped.train_iteration())
+    assert threads and all(name.startswith("bcg-critic-fit") for name in threads)
+    for a, b in ((serial.actor, overlapped.actor), (serial.critics, overlapped.critics),
+                 (serial.target_critics, overlapped.target_critics)):
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+
+    def broken_fit(window):
+        raise RuntimeError("fit failed")
+
+    overlapped._fit_critics = broken_fit
+    with pytest.raises(RuntimeError, match="fit failed"):
+        overlapped.train_iteration()
+
+
 def test_state_dict_refuses_other_config() -> None:
     cfg = SHACConfig(num_envs=2, horizon=2, actor_hidden=(8,), critic_hidden=(8,), critic_iterations=1)
     env_cfg = EnvConfig(motion_file=standing_motion(0.3))

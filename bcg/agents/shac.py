@@ -264,10 +264,15 @@ class SHAC:
             one).
         env: the environment to train on, built by the caller (:func:`make_env`; differentiable, autoresetting,
             ``config.num_envs`` rows), instead of ``env_config``. SHAC attaches the estimator to it and resets it.
+        overlap_critic_fit: fit the critics on a second thread while the actor's backward pass (through the
+            simulator) and the ADD update run, where the fit and the rest use one torch thread each. Nothing the fit
+            reads or writes is touched by the others until they are joined, so the numbers are those of the serial
+            order, bit for bit; only the wall time changes.
     """
 
     def __init__(self, config: SHACConfig, env_config: EnvConfig | None = None, estimator: Any = None,
-                 add: Any = None, seed: int = 0, update_threads: int | None = None, *, env: Any = None):
+                 add: Any = None, seed: int = 0, update_threads: int | None = None, *, env: Any = None,
+                 overlap_critic_fit: bool = True):
         from bcg.estimators import Estimator, make
 
         if not isinstance(config, SHACConfig):
@@ -284,6 +289,9 @@ class SHAC:
         width = config.num_critics * (config.critic_hidden[0] if config.critic_hidden else 1)
         self.update_threads = resolve_update_threads(update_threads, rows, width)
         """Torch intra-op threads of the critic fit (the rollout keeps the caller's setting)."""
+        self.overlap_critic_fit = bool(overlap_critic_fit)
+        """Whether the critic fit runs beside the actor update (see the class docstring)."""
+        self._fit_thread: Any = None  # a one-worker executor, made on first use
         if (env is None) == (env_config is None):
             raise ValueError("SHAC takes an env_config or an env (one of them)")
         if env is not None:
@@ -490,15 +498,36 @@ class SHAC:
 
     def _actor_update(self, window: Window) -> float:
         """Backpropagate the window's actor loss (through the simulator) and step the actor; returns the gradient
-        norm before clipping."""
+        norm before clipping. The loss reaches the target critics (the bootstrap), never the critics being fitted."""
         self.actor_opt.zero_grad(set_to_none=True)
         window.actor_loss.backward()
-        self.critics.zero_grad(set_to_none=True)  # the bootstrap used the target copies; keep the critics clean
         grad_norm, applied = self._guarded_step(self.actor_opt, list(self.actor.parameters()),
                                                 self.config.actor_grad_norm)
         self.skipped_actor_updates += not applied
         self.actor_opt.zero_grad(set_to_none=True)
         return grad_norm
+
+    def _start_critic_fit(self, window: Window) -> Any:
+        """Begin :meth:`_fit_critics` on the window; returns a function that waits for it and gives its result (and
+        raises what the fit raised). On a second thread with ``overlap_critic_fit`` when the fit and the caller
+        use one torch thread each (torch's thread count is process-wide, so two different counts cannot overlap
+        without changing each other's arithmetic); else the fit runs now, here."""
+        if not (self.overlap_critic_fit and self.update_threads == 1 == torch.get_num_threads()):
+            with torch_threads(self.update_threads):
+                result = self._fit_critics(window)
+            return lambda: result
+        if self._fit_thread is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._fit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcg-critic-fit")
+        future = self._fit_thread.submit(self._fit_on_one_thread, window)
+        return future.result
+
+    def _fit_on_one_thread(self, window: Window) -> tuple[float, float, float]:
+        # OpenMP's thread count is a per-thread setting: a new thread starts with every core, which would sum in
+        # another order than the serial fit
+        torch.set_num_threads(1)
+        return self._fit_critics(window)
 
     def _fit_critics(self, window: Window) -> tuple[float, float, float]:
         """Regress the TD(lambda) targets: ``critic_iterations`` passes over ``critic_minibatches`` contiguous
@@ -539,17 +568,16 @@ class SHAC:
         norm, ret_std = self._begin_window()
         window = self._rollout(norm, ret_std)
 
+        # critic regression on the window's TD(lambda) targets (beside the actor update where it may), then the
+        # target critics once both are done: the actor's backward pass reads the target critics' weights
+        fit = self._start_critic_fit(window)
         grad_norm = self._actor_update(window)
-
-        # critic regression on the window's TD(lambda) targets, then the target critics
-        with torch_threads(self.update_threads):
-            critic_loss, critic_grad_norm, critic_loss_new = self._fit_critics(window)
-        self._update_target_critics()
-
         metrics = {k: v for k, v in window.stats.items() if k not in ("branches", "unstable", "episodes")}
-        # the discriminator learns from the residuals of this window, after the actor and critic steps
+        # the discriminator learns from the residuals of this window (its own networks, optimiser and generator)
         if self.add_reward is not None:
             metrics.update({k: float(v) for k, v in self.add_reward.update().items()})
+        critic_loss, critic_grad_norm, critic_loss_new = fit()
+        self._update_target_critics()
 
         self.iteration += 1
         self.samples += int(window.stats["branches"])

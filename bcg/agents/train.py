@@ -69,7 +69,7 @@ def build_agent(cfg: TrainConfig) -> Any:
         from bcg.agents.shac import SHAC, make_env
 
         return SHAC(cfg.shac, env=make_env(cfg.shac, env_cfg), estimator=dataclasses.replace(cfg.estimator), add=add,
-                    seed=cfg.seed, update_threads=cfg.update_threads)
+                    seed=cfg.seed, update_threads=cfg.update_threads, overlap_critic_fit=cfg.overlap_critic_fit)
     from bcg.agents.ppo import PPOAgent
     from bcg.agents.ppo import make_env as make_ppo_env
 

@@ -40,8 +40,8 @@ __all__ = [
 
 
 RUN_CONTROL_FIELDS: tuple[str, ...] = ("iterations", "max_time_s", "checkpoint_every", "resume", "branch", "out",
-                                       "name", "device", "torch_threads", "update_threads", "progress", "tensorboard",
-                                       "eval_every", "eval_episodes", "eval_seconds")
+                                       "name", "device", "torch_threads", "update_threads", "overlap_critic_fit",
+                                       "progress", "tensorboard", "eval_every", "eval_episodes", "eval_seconds")
 """TrainConfig fields a resumed run may change: how long and where it runs, not what it computes (the numbers are
 exact on the device the checkpoint was written on)."""
 
@@ -215,6 +215,10 @@ class TrainConfig:
     """torch threads of SHAC's critic fit and PPO's update (None: every core when their minibatches are large, as
     with the paper's sizes, and OpenMP spins (OMP_WAIT_POLICY=ACTIVE, for a machine of your own); else 1;
     bcg.agents.threads)."""
+    overlap_critic_fit: bool = True
+    """SHAC: fit the critics on a second thread while the actor's backward pass and the ADD update run (the same
+    numbers bit for bit, about 20-25 % less wall time per iteration on 2 cores: benchmarks/critic_overlap.py;
+    bcg.agents.shac.SHAC). Only where the fit and the rest use one torch thread each."""
     progress: bool = True
     """Show a progress bar with live figures."""
     tensorboard: bool = True
