@@ -265,14 +265,17 @@ class SHAC:
         env: the environment to train on, built by the caller (:func:`make_env`; differentiable, autoresetting,
             ``config.num_envs`` rows), instead of ``env_config``. SHAC attaches the estimator to it and resets it.
         overlap_critic_fit: fit the critics on a second thread while the actor's backward pass (through the
-            simulator) and the ADD update run, where the fit and the rest use one torch thread each. Nothing the fit
-            reads or writes is touched by the others until they are joined, so the numbers are those of the serial
-            order, bit for bit; only the wall time changes.
+            simulator), the ADD update and the next window's steps run, where the fit and the rest use one torch
+            thread each. The fit is joined, and the target critics updated from it, right before the next window
+            reads them (its bootstrap values at its end) or a state is saved; nothing else reads or writes what the
+            fit uses, so the numbers are those of the serial order, bit for bit, and only the wall time changes.
+            The critic columns of an iteration's metrics are then those of the previous window's fit (NaN at the
+            first iteration).
     """
 
     def __init__(self, config: SHACConfig, env_config: EnvConfig | None = None, estimator: Any = None,
                  add: Any = None, seed: int = 0, update_threads: int | None = None, *, env: Any = None,
-                 overlap_critic_fit: bool = True):
+                 overlap_critic_fit: bool = False):
         from bcg.estimators import Estimator, make
 
         if not isinstance(config, SHACConfig):
@@ -292,6 +295,8 @@ class SHAC:
         self.overlap_critic_fit = bool(overlap_critic_fit)
         """Whether the critic fit runs beside the actor update (see the class docstring)."""
         self._fit_thread: Any = None  # a one-worker executor, made on first use
+        self._pending_fit: Any = None  # the fit begun last and not joined yet (has .result())
+        self._last_fit: tuple[float, float, float] = (math.nan, math.nan, math.nan)  # joined last: loss, norm, new
         if (env is None) == (env_config is None):
             raise ValueError("SHAC takes an env_config or an env (one of them)")
         if env is not None:
@@ -383,6 +388,7 @@ class SHAC:
             cobs = info.get("critic_obs", obs)
             steps.record(obs, reward, terminated, truncated, info)
         self._obs, self._critic_obs = obs.detach(), cobs.detach()
+        self._finish_critic_fit()  # the previous window's fit, if it still runs: the bootstrap below reads its result
 
         raw = torch.stack(steps.rewards)                                   # [N, E] with the graph
         terminated, truncated = torch.stack(steps.terminated), torch.stack(steps.truncated)
@@ -507,48 +513,65 @@ class SHAC:
         self.actor_opt.zero_grad(set_to_none=True)
         return grad_norm
 
-    def _start_critic_fit(self, window: Window) -> Any:
-        """Begin :meth:`_fit_critics` on the window; returns a function that waits for it and gives its result (and
-        raises what the fit raised). On a second thread with ``overlap_critic_fit`` when the fit and the caller
-        use one torch thread each (torch's thread count is process-wide, so two different counts cannot overlap
-        without changing each other's arithmetic); else the fit runs now, here."""
-        if not (self.overlap_critic_fit and self.update_threads == 1 == torch.get_num_threads()):
+    def _overlapping(self) -> bool:
+        """Whether the next fit runs on the second thread: ``overlap_critic_fit``, and the fit and the caller use one
+        torch thread each (the count is process-wide: two different counts cannot overlap without changing each
+        other's arithmetic)."""
+        return self.overlap_critic_fit and self.update_threads == 1 == torch.get_num_threads()
+
+    def _start_critic_fit(self, window: Window, lr: float) -> None:
+        """Begin :meth:`_fit_critics` on the window at critic learning rate ``lr``: on the second thread where
+        :meth:`_overlapping`, else now, here. :meth:`_finish_critic_fit` completes it."""
+        for g in self.critic_opt.param_groups:
+            g["lr"] = lr
+        if not self._overlapping():
             with torch_threads(self.update_threads):
                 result = self._fit_critics(window)
-            return lambda: result
+            self._pending_fit = _Done(result)
+            return
         if self._fit_thread is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._fit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcg-critic-fit")
-        future = self._fit_thread.submit(self._fit_on_one_thread, window)
-        return future.result
+        self._pending_fit = self._fit_thread.submit(self._fit_on_one_thread, window)
 
-    def _fit_on_one_thread(self, window: Window) -> tuple[float, float, float]:
+    def _fit_on_one_thread(self, window: Window) -> tuple[float, float, float, int]:
         # OpenMP's thread count is a per-thread setting: a new thread starts with every core, which would sum in
         # another order than the serial fit
         torch.set_num_threads(1)
         return self._fit_critics(window)
 
-    def _fit_critics(self, window: Window) -> tuple[float, float, float]:
+    def _finish_critic_fit(self) -> None:
+        """Wait for the fit begun last (raising what it raised), count its skipped steps, update the target critics
+        from it and keep its losses for the metrics; nothing when no fit is pending."""
+        if self._pending_fit is None:
+            return
+        pending, self._pending_fit = self._pending_fit, None
+        loss, norm, loss_new, skipped = pending.result()
+        self.skipped_critic_updates += skipped
+        self._update_target_critics()
+        self._last_fit = (loss, norm, loss_new)
+
+    def _fit_critics(self, window: Window) -> tuple[float, float, float, int]:
         """Regress the TD(lambda) targets: ``critic_iterations`` passes over ``critic_minibatches`` contiguous
         minibatches of the window's N E samples. Returns (mean critic MSE of the last pass, largest gradient norm,
-        mean critic MSE of the first pass). The first pass meets every minibatch before training on it, so its loss
-        measures how well the critics predict targets they have not seen (progressive validation): the measure of
-        fit that more passes cannot lower by memorising the window."""
+        mean critic MSE of the first pass, steps skipped by the gradient guard). The first pass meets every minibatch
+        before training on it, so its loss measures how well the critics predict targets they have not seen
+        (progressive validation): the measure of fit that more passes cannot lower by memorising the window."""
         cfg = self.config
         targets = self.td_lambda_targets(window.rewards, window.next_values, window.dones, cfg.gamma, cfg.lam)
         params = list(self.critics.parameters())
-        max_norm = 0.0
+        max_norm, skipped = 0.0, 0
 
         def step() -> None:
-            nonlocal max_norm
+            nonlocal max_norm, skipped
             norm, applied = self._guarded_step(self.critic_opt, params, cfg.critic_grad_norm)
             max_norm = max(max_norm, norm) if math.isfinite(norm) else norm
-            self.skipped_critic_updates += not applied
+            skipped += not applied
 
         passes = regress_values(self.critics, self.critic_opt, window.critic_obs.reshape(-1, self.obs_dim),
                                 targets.reshape(-1), cfg.critic_iterations, cfg.critic_minibatches, step)
-        return passes[-1], max_norm, passes[0]
+        return passes[-1], max_norm, passes[0], skipped
 
     @torch.no_grad()
     def _update_target_critics(self) -> None:
@@ -562,22 +585,22 @@ class SHAC:
         lr_a, lr_c = self._lr(cfg.actor_lr), self._lr(cfg.critic_lr)
         for g in self.actor_opt.param_groups:
             g["lr"] = lr_a
-        for g in self.critic_opt.param_groups:
-            g["lr"] = lr_c
 
         norm, ret_std = self._begin_window()
         window = self._rollout(norm, ret_std)
 
-        # critic regression on the window's TD(lambda) targets (beside the actor update where it may), then the
-        # target critics once both are done: the actor's backward pass reads the target critics' weights
-        fit = self._start_critic_fit(window)
+        # critic regression on the window's TD(lambda) targets (on the second thread, beside the actor update, the
+        # ADD update and the next window's steps, where it may); the target critics follow when it is joined, after
+        # the actor's backward pass has read their weights
+        self._start_critic_fit(window, lr_c)
         grad_norm = self._actor_update(window)
         metrics = {k: v for k, v in window.stats.items() if k not in ("branches", "unstable", "episodes")}
         # the discriminator learns from the residuals of this window (its own networks, optimiser and generator)
         if self.add_reward is not None:
             metrics.update({k: float(v) for k, v in self.add_reward.update().items()})
-        critic_loss, critic_grad_norm, critic_loss_new = fit()
-        self._update_target_critics()
+        if isinstance(self._pending_fit, _Done):  # a fit on the second thread is joined by the next window instead
+            self._finish_critic_fit()
+        critic_loss, critic_grad_norm, critic_loss_new = self._last_fit
 
         self.iteration += 1
         self.samples += int(window.stats["branches"])
@@ -607,6 +630,7 @@ class SHAC:
         weights_only=True)`` reads it): networks, target critics, optimisers, the schedule position (iteration),
         normalisers, the environment's state, generator and layer state (adaptive start scores), the estimator's
         state, the ADD reward's state, the agent's and torch's RNG states, counters."""
+        self._finish_critic_fit()
         env_state = self.env.state.saved()
         est_sd = self.estimator.state_dict() if hasattr(self.estimator, "state_dict") else None
         out: dict[str, Any] = {
@@ -618,6 +642,7 @@ class SHAC:
             "samples": self.samples,
             "skipped_actor_updates": self.skipped_actor_updates,
             "skipped_critic_updates": self.skipped_critic_updates,
+            "last_fit": [float(x) for x in self._last_fit],
             "nonfinite_resets": self.nonfinite_resets,
             "actor": self.actor.state_dict(),
             "critics": self.critics.state_dict(),
@@ -651,6 +676,7 @@ class SHAC:
         afterwards ``train_iteration`` repeats the original run's numbers (bit for bit on CPU)."""
         from bcg.envs.state import EnvState
 
+        self._finish_critic_fit()  # a fit still running would write into the critics being replaced
         if state.get("format") == "bcg.shac/1":
             state = _stack_critics_of_v1(state, self.critics)
         if state.get("format") != STATE_FORMAT:
@@ -698,6 +724,9 @@ class SHAC:
         self.skipped_actor_updates = int(state["skipped_actor_updates"])
         self.skipped_critic_updates = int(state["skipped_critic_updates"])
         self.nonfinite_resets = int(state["nonfinite_resets"])
+        # the losses of the fit joined last (reported by the next iteration when the fit overlaps; absent in states
+        # written before the fit could overlap)
+        self._last_fit = tuple(float(x) for x in state.get("last_fit", (math.nan,) * 3))
 
     def export_policy(self) -> dict[str, Any]:
         """The deterministic policy (normalised observation -> mean raw action, before the env's tanh) in the
@@ -711,6 +740,16 @@ class SHAC:
             mean = torch.zeros(self.obs_dim, dtype=torch.float64, device=self.device)
             var, eps, clip = torch.ones_like(mean), 0.0, None
         return policy_export(self.actor.mean_net, mean, var, obs_eps=eps, obs_clip=clip, env=self.env, agent="shac")
+
+
+class _Done:
+    """A fit that ran in the calling thread: its result, as a finished future gives it."""
+
+    def __init__(self, value: tuple[float, float, float, int]) -> None:
+        self.value = value
+
+    def result(self) -> tuple[float, float, float, int]:
+        return self.value
 
 
 def regress_values(critics: CriticEnsemble, opt: torch.optim.Optimizer, obs: torch.Tensor, targets: torch.Tensor,

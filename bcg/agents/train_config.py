@@ -216,9 +216,9 @@ class TrainConfig:
     with the paper's sizes, and OpenMP spins (OMP_WAIT_POLICY=ACTIVE, for a machine of your own); else 1;
     bcg.agents.threads)."""
     overlap_critic_fit: bool = True
-    """SHAC: fit the critics on a second thread while the actor's backward pass and the ADD update run (the same
-    numbers bit for bit, about 20-25 % less wall time per iteration on 2 cores: benchmarks/critic_overlap.py;
-    bcg.agents.shac.SHAC). Only where the fit and the rest use one torch thread each."""
+    """SHAC: fit the critics on a second thread while the actor's backward pass, the ADD update and the next window's
+    steps run (the same numbers bit for bit; the critic columns of metrics.csv are then the previous window's fit;
+    benchmarks/critic_overlap.py; bcg.agents.shac.SHAC). Only where the fit and the rest use one torch thread each."""
     progress: bool = True
     """Show a progress bar with live figures."""
     tensorboard: bool = True
