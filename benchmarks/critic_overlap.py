@@ -21,7 +21,6 @@ import time
 
 import torch
 
-
 CRITIC_COLUMNS = ("critic_loss", "critic_loss_new", "critic_grad_norm", "skipped_critic_updates", "skipped_updates")
 
 

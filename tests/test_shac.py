@@ -376,7 +376,7 @@ def test_the_critic_fit_beside_the_actor_update_changes_no_number(tmp_path, esti
 
     overlapped._fit_critics = recording_fit
     before = None
-    for i in range(4):
+    for _ in range(4):
         m_s, m_o = serial.train_iteration(), overlapped.train_iteration()
         assert _numbers({k: v for k, v in m_s.items() if k not in CRITIC_COLUMNS}) == \
             _numbers({k: v for k, v in m_o.items() if k not in CRITIC_COLUMNS})
