@@ -384,6 +384,13 @@ def test_shac_resume_equals_uninterrupted_and_export(tmp_path, capsys):
     assert not (tmp_path / "policy.pt").exists()
     out = tmp_path / "exported.pt"
     assert main(["export", str(part.run_dir), "--out", str(out)]) == 0
+    # a branched run's checkpoints rebuild as any other's (bcg curve and bcg export read them): its config says
+    # --branch, which alone (without --resume) is refused
+    from bcg.agents.train import checkpoint_export
+
+    assert main(["train", "--resume", str(part.run_dir / "checkpoints" / "iter_000002.pt"), "--branch", "--out",
+                 str(tmp_path), "--name", "br", "--iterations", "3", "--no-progress"]) == 0
+    assert "tensors" in checkpoint_export(tmp_path / "br" / "checkpoints" / "iter_000003.pt")
     pol = load_policy(out)
     cfg = config_from_dict(json.loads((part.run_dir / "config.json").read_text()))
     agent = build_agent(cfg)

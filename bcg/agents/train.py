@@ -142,7 +142,8 @@ def checkpoint_export(path: str | Path) -> dict[str, Any]:
     """The policy export (``{"meta", "tensors"}``, as :func:`bcg.agents.export.save_policy` writes it) of one
     checkpoint file: the agent is rebuilt from the checkpoint's config and loaded with its state."""
     ckpt = load_checkpoint(path)
-    agent = build_agent(dataclasses.replace(config_from_dict(ckpt.config), resume=None))
+    # the run's config without how it was started (a branched run's config says --branch, which needs --resume)
+    agent = build_agent(dataclasses.replace(config_from_dict(ckpt.config), resume=None, branch=False))
     verify_state_fits(ckpt.agent_state, agent.state_dict(), ckpt.path)
     agent.load_state_dict(ckpt.agent_state)
     return agent.export_policy()
