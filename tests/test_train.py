@@ -391,6 +391,11 @@ def test_shac_resume_equals_uninterrupted_and_export(tmp_path, capsys):
     assert main(["train", "--resume", str(part.run_dir / "checkpoints" / "iter_000002.pt"), "--branch", "--out",
                  str(tmp_path), "--name", "br", "--iterations", "3", "--no-progress"]) == 0
     assert "tensors" in checkpoint_export(tmp_path / "br" / "checkpoints" / "iter_000003.pt")
+    # a checkpoint written before the agent's state had "last_fit" (the overlapped critic fit's losses) still loads
+    old = torch.load(part.run_dir / "checkpoints" / "iter_000002.pt", weights_only=True)
+    del old["agent"]["last_fit"]
+    torch.save(old, tmp_path / "old.pt")
+    assert "tensors" in checkpoint_export(tmp_path / "old.pt")
     pol = load_policy(out)
     cfg = config_from_dict(json.loads((part.run_dir / "config.json").read_text()))
     agent = build_agent(cfg)

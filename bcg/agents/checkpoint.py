@@ -175,11 +175,15 @@ def check_compatible(ckpt: Checkpoint, config: Mapping[str, Any], ignore: Iterab
                               f"same settings (differing fields): {lines}")
 
 
-def verify_state_fits(ckpt_state: Mapping[str, Any], fresh_state: Mapping[str, Any], path: Path | str) -> None:
+def verify_state_fits(ckpt_state: Mapping[str, Any], fresh_state: Mapping[str, Any], path: Path | str,
+                      later: Iterable[str] = ()) -> None:
     """Raise :class:`CheckpointError` where the checkpoint's agent state has other top-level entries or other tensor
     shapes than a freshly built agent's (the networks do not fit, whatever the config says). Entries below the top
-    level that a fresh agent does not have yet (optimiser moments, open estimator bundles) are not compared."""
-    missing, extra = sorted(set(fresh_state) - set(ckpt_state)), sorted(set(ckpt_state) - set(fresh_state))
+    level that a fresh agent does not have yet (optimiser moments, open estimator bundles) are not compared, nor
+    top-level entries named in ``later`` (added to the agent's state after checkpoints were first written; its
+    ``load_state_dict`` supplies them when absent)."""
+    missing = sorted(set(fresh_state) - set(ckpt_state) - set(later))
+    extra = sorted(set(ckpt_state) - set(fresh_state))
     a, b = _flatten(ckpt_state), _flatten(fresh_state)
     shapes = [(k, tuple(a[k].shape), tuple(b[k].shape)) for k in sorted(set(a) & set(b))
               if isinstance(a[k], torch.Tensor) and isinstance(b[k], torch.Tensor) and a[k].shape != b[k].shape]

@@ -273,6 +273,10 @@ class SHAC:
             first iteration).
     """
 
+    LATER_STATE_KEYS = ("last_fit",)
+    """Entries of :meth:`state_dict` that checkpoints written before they existed lack (:meth:`load_state_dict`
+    supplies them)."""
+
     def __init__(self, config: SHACConfig, env_config: EnvConfig | None = None, estimator: Any = None,
                  add: Any = None, seed: int = 0, update_threads: int | None = None, *, env: Any = None,
                  overlap_critic_fit: bool = False):

@@ -132,7 +132,8 @@ class Trainer:
         ck = self.resume_from
         if ck is not None:
             check_compatible(ck, self.config, ignore=RUN_CONTROL_FIELDS + RECORDED_FIELDS)
-            verify_state_fits(ck.agent_state, self.agent.state_dict(), ck.path)
+            verify_state_fits(ck.agent_state, self.agent.state_dict(), ck.path,
+                              later=getattr(self.agent, "LATER_STATE_KEYS", ()))
             try:
                 self.agent.load_state_dict(ck.agent_state)
             except (ValueError, KeyError, RuntimeError, TypeError) as exc:
