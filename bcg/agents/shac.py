@@ -35,7 +35,7 @@ from torch import nn
 
 from bcg.agents.networks import ACTIVATIONS, CriticEnsemble, GaussianActor
 from bcg.agents.normalization import FrozenNormalizer, RunningMeanStd
-from bcg.agents.threads import torch_threads
+from bcg.agents.threads import available_cores, torch_threads
 from bcg.agents.threads import update_threads as resolve_update_threads
 from bcg.envs.config import EnvConfig
 
@@ -518,10 +518,11 @@ class SHAC:
         return grad_norm
 
     def _overlapping(self) -> bool:
-        """Whether the next fit runs on the second thread: ``overlap_critic_fit``, and the fit and the caller use one
+        """Whether the next fit runs on the second thread: ``overlap_critic_fit``, the fit and the caller use one
         torch thread each (the count is process-wide: two different counts cannot overlap without changing each
-        other's arithmetic)."""
-        return self.overlap_critic_fit and self.update_threads == 1 == torch.get_num_threads()
+        other's arithmetic), and the process may run on two cores or more (one core would only interleave them)."""
+        return (self.overlap_critic_fit and self.update_threads == 1 == torch.get_num_threads()
+                and available_cores() >= 2)
 
     def _start_critic_fit(self, window: Window, lr: float) -> None:
         """Begin :meth:`_fit_critics` on the window at critic learning rate ``lr``: on the second thread where
