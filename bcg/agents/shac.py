@@ -538,7 +538,10 @@ class SHAC:
             from concurrent.futures import ThreadPoolExecutor
 
             self._fit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcg-critic-fit")
-        self._pending_fit = self._fit_thread.submit(self._fit_on_one_thread, window)
+        # the fit gets the window without its actor loss: that holds the rollout's graph and, with it, the simulator's
+        # pooled buffers, which the next window should reuse
+        self._pending_fit = self._fit_thread.submit(self._fit_on_one_thread,
+                                                    dataclasses.replace(window, actor_loss=None))
 
     def _fit_on_one_thread(self, window: Window) -> tuple[float, float, float, int]:
         # OpenMP's thread count is a per-thread setting: a new thread starts with every core, which would sum in
