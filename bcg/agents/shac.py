@@ -392,7 +392,7 @@ class SHAC:
             cobs = info.get("critic_obs", obs)
             steps.record(obs, reward, terminated, truncated, info)
         self._obs, self._critic_obs = obs.detach(), cobs.detach()
-        self._finish_critic_fit()  # the previous window's fit, if it still runs: the bootstrap below reads its result
+        self.sync()  # the previous window's fit, if it still runs: the bootstrap below reads its result
 
         raw = torch.stack(steps.rewards)                                   # [N, E] with the graph
         terminated, truncated = torch.stack(steps.terminated), torch.stack(steps.truncated)
@@ -526,7 +526,7 @@ class SHAC:
 
     def _start_critic_fit(self, window: Window, lr: float) -> None:
         """Begin :meth:`_fit_critics` on the window at critic learning rate ``lr``: on the second thread where
-        :meth:`_overlapping`, else now, here. :meth:`_finish_critic_fit` completes it."""
+        :meth:`_overlapping`, else now, here. :meth:`sync` completes it."""
         for g in self.critic_opt.param_groups:
             g["lr"] = lr
         if not self._overlapping():
@@ -549,9 +549,10 @@ class SHAC:
         torch.set_num_threads(1)
         return self._fit_critics(window)
 
-    def _finish_critic_fit(self) -> None:
-        """Wait for the fit begun last (raising what it raised), count its skipped steps, update the target critics
-        from it and keep its losses for the metrics; nothing when no fit is pending."""
+    def sync(self) -> None:
+        """Complete the critic fit still running on the second thread, if any: wait for it (raising what it raised),
+        count its skipped steps, update the target critics from it and keep its losses for the metrics. The next
+        window and :meth:`state_dict` do this themselves; call it before reading the critics from outside."""
         if self._pending_fit is None:
             return
         pending, self._pending_fit = self._pending_fit, None
@@ -607,7 +608,7 @@ class SHAC:
         if self.add_reward is not None:
             metrics.update({k: float(v) for k, v in self.add_reward.update().items()})
         if isinstance(self._pending_fit, _Done):  # a fit on the second thread is joined by the next window instead
-            self._finish_critic_fit()
+            self.sync()
         critic_loss, critic_grad_norm, critic_loss_new = self._last_fit
 
         self.iteration += 1
@@ -638,7 +639,7 @@ class SHAC:
         weights_only=True)`` reads it): networks, target critics, optimisers, the schedule position (iteration),
         normalisers, the environment's state, generator and layer state (adaptive start scores), the estimator's
         state, the ADD reward's state, the agent's and torch's RNG states, counters."""
-        self._finish_critic_fit()
+        self.sync()
         env_state = self.env.state.saved()
         est_sd = self.estimator.state_dict() if hasattr(self.estimator, "state_dict") else None
         out: dict[str, Any] = {
@@ -684,7 +685,7 @@ class SHAC:
         afterwards ``train_iteration`` repeats the original run's numbers (bit for bit on CPU)."""
         from bcg.envs.state import EnvState
 
-        self._finish_critic_fit()  # a fit still running would write into the critics being replaced
+        self.sync()  # a fit still running would write into the critics being replaced
         if state.get("format") == "bcg.shac/1":
             state = _stack_critics_of_v1(state, self.critics)
         if state.get("format") != STATE_FORMAT:

@@ -220,6 +220,10 @@ def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: 
         with _instrumented(agent, clock):
             t0 = time.perf_counter()
             m = agent.train_iteration()
+            # a critic fit still running on SHAC's second thread is joined here and counted to the iteration, so
+            # that the env window below runs alone (this leaves out the fit's overlap with the next window's steps:
+            # benchmarks/critic_overlap.py measures that)
+            agent.sync()
             dt = time.perf_counter() - t0
         rows.append({"iteration": dt, **_split(clock.take(), dt)})
         windows.append(_env_window(env, cfg.shac.horizon, gen))
