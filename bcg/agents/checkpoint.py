@@ -30,7 +30,7 @@ from bcg.errors import UserError
 
 __all__ = ["CHECKPOINT_FORMAT", "CHECKPOINT_VERSION", "Checkpoint", "CheckpointError", "atomic_torch_save",
            "check_compatible", "config_differences", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
-           "save_checkpoint"]
+           "save_checkpoint", "verify_agent_fits", "verify_state_fits"]
 
 CHECKPOINT_FORMAT = "bcg-checkpoint"
 """Format tag stored in every checkpoint."""
@@ -197,3 +197,9 @@ def verify_state_fits(ckpt_state: Mapping[str, Any], fresh_state: Mapping[str, A
             parts.append("shape mismatches " + ", ".join(f"{k}: checkpoint {sa}, agent {sb}"
                                                          for k, sa, sb in shapes[:6]))
         raise CheckpointError(f"{path}: the agent state does not fit the agent being built: " + "; ".join(parts))
+
+
+def verify_agent_fits(ckpt: Checkpoint, agent: Any) -> None:
+    """:func:`verify_state_fits` of ``ckpt``'s agent state against ``agent``'s own, leaving out the entries the
+    agent names as added after checkpoints were first written (its ``LATER_STATE_KEYS``)."""
+    verify_state_fits(ckpt.agent_state, agent.state_dict(), ckpt.path, later=getattr(agent, "LATER_STATE_KEYS", ()))

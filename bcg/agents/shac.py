@@ -299,7 +299,7 @@ class SHAC:
         self.overlap_critic_fit = bool(overlap_critic_fit)
         """Whether the critic fit runs beside the actor update (see the class docstring)."""
         self._fit_thread: Any = None  # a one-worker executor, made on first use
-        self._pending_fit: Any = None  # the fit begun last and not joined yet (has .result())
+        self._pending_fit: Any = None  # the fit begun last and not joined yet (a concurrent.futures.Future)
         self._last_fit: tuple[float, float, float] = (math.nan, math.nan, math.nan)  # joined last: loss, norm, new
         if (env is None) == (env_config is None):
             raise ValueError("SHAC takes an env_config or an env (one of them)")
@@ -524,24 +524,26 @@ class SHAC:
         return (self.overlap_critic_fit and self.update_threads == 1 == torch.get_num_threads()
                 and available_cores() >= 2)
 
-    def _start_critic_fit(self, window: Window, lr: float) -> None:
+    def _start_critic_fit(self, window: Window, lr: float) -> bool:
         """Begin :meth:`_fit_critics` on the window at critic learning rate ``lr``: on the second thread where
-        :meth:`_overlapping`, else now, here. :meth:`sync` completes it."""
+        :meth:`_overlapping`, else now, here; :meth:`sync` completes it. Returns whether it runs on the second
+        thread."""
+        from concurrent.futures import Future, ThreadPoolExecutor
+
         for g in self.critic_opt.param_groups:
             g["lr"] = lr
         if not self._overlapping():
             with torch_threads(self.update_threads):
-                result = self._fit_critics(window)
-            self._pending_fit = _Done(result)
-            return
+                self._pending_fit = Future()
+                self._pending_fit.set_result(self._fit_critics(window))
+            return False
         if self._fit_thread is None:
-            from concurrent.futures import ThreadPoolExecutor
-
             self._fit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcg-critic-fit")
         # the fit gets the window without its actor loss: that holds the rollout's graph and, with it, the simulator's
         # pooled buffers, which the next window should reuse
         self._pending_fit = self._fit_thread.submit(self._fit_on_one_thread,
                                                     dataclasses.replace(window, actor_loss=None))
+        return True
 
     def _fit_on_one_thread(self, window: Window) -> tuple[float, float, float, int]:
         # OpenMP's thread count is a per-thread setting: a new thread starts with every core, which would sum in
@@ -601,13 +603,13 @@ class SHAC:
         # critic regression on the window's TD(lambda) targets (on the second thread, beside the actor update, the
         # ADD update and the next window's steps, where it may); the target critics follow when it is joined, after
         # the actor's backward pass has read their weights
-        self._start_critic_fit(window, lr_c)
+        overlapped = self._start_critic_fit(window, lr_c)
         grad_norm = self._actor_update(window)
         metrics = {k: v for k, v in window.stats.items() if k not in ("branches", "unstable", "episodes")}
         # the discriminator learns from the residuals of this window (its own networks, optimiser and generator)
         if self.add_reward is not None:
             metrics.update({k: float(v) for k, v in self.add_reward.update().items()})
-        if isinstance(self._pending_fit, _Done):  # a fit on the second thread is joined by the next window instead
+        if not overlapped:  # a fit on the second thread is joined by the next window instead
             self.sync()
         critic_loss, critic_grad_norm, critic_loss_new = self._last_fit
 
@@ -749,16 +751,6 @@ class SHAC:
             mean = torch.zeros(self.obs_dim, dtype=torch.float64, device=self.device)
             var, eps, clip = torch.ones_like(mean), 0.0, None
         return policy_export(self.actor.mean_net, mean, var, obs_eps=eps, obs_clip=clip, env=self.env, agent="shac")
-
-
-class _Done:
-    """A fit that ran in the calling thread: its result, as a finished future gives it."""
-
-    def __init__(self, value: tuple[float, float, float, int]) -> None:
-        self.value = value
-
-    def result(self) -> tuple[float, float, float, int]:
-        return self.value
 
 
 def regress_values(critics: CriticEnsemble, opt: torch.optim.Optimizer, obs: torch.Tensor, targets: torch.Tensor,

@@ -29,7 +29,7 @@ from typing import Any
 from bcg.agents.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
-    verify_state_fits,
+    verify_agent_fits,
 )
 from bcg.agents.run_dir import (
     collect_versions,
@@ -144,7 +144,7 @@ def checkpoint_export(path: str | Path) -> dict[str, Any]:
     ckpt = load_checkpoint(path)
     # the run's config without how it was started (a branched run's config says --branch, which needs --resume)
     agent = build_agent(dataclasses.replace(config_from_dict(ckpt.config), resume=None, branch=False))
-    verify_state_fits(ckpt.agent_state, agent.state_dict(), ckpt.path, later=getattr(agent, "LATER_STATE_KEYS", ()))
+    verify_agent_fits(ckpt, agent)
     agent.load_state_dict(ckpt.agent_state)
     return agent.export_policy()
 

@@ -22,7 +22,7 @@ from bcg.agents.checkpoint import (
     CheckpointError,
     check_compatible,
     save_checkpoint,
-    verify_state_fits,
+    verify_agent_fits,
 )
 from bcg.agents.run_dir import collect_versions, write_text_atomic
 from bcg.agents.train_config import RECORDED_FIELDS, RUN_CONTROL_FIELDS
@@ -132,8 +132,7 @@ class Trainer:
         ck = self.resume_from
         if ck is not None:
             check_compatible(ck, self.config, ignore=RUN_CONTROL_FIELDS + RECORDED_FIELDS)
-            verify_state_fits(ck.agent_state, self.agent.state_dict(), ck.path,
-                              later=getattr(self.agent, "LATER_STATE_KEYS", ()))
+            verify_agent_fits(ck, self.agent)
             try:
                 self.agent.load_state_dict(ck.agent_state)
             except (ValueError, KeyError, RuntimeError, TypeError) as exc:

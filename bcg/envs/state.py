@@ -23,7 +23,7 @@ import torch
 
 from bcg.sim import Physics
 
-__all__ = ["EnvState"]
+__all__ = ["EnvState", "cleared_memory"]
 
 
 def _map(x: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
@@ -47,19 +47,24 @@ def _tensors(x: Any) -> list[torch.Tensor]:
     return [x]
 
 
-def _scatter_memory(cur: dict[str, torch.Tensor], idx: torch.Tensor, new: dict[str, torch.Tensor],
-                    n: int) -> dict[str, torch.Tensor]:
-    """``cur`` (n rows) with rows ``idx`` replaced by ``new``; a key on one side only is zero on the other."""
+def _scatter_memory(cur: dict[str, torch.Tensor], n: int, idx: torch.Tensor, new: dict[str, torch.Tensor],
+                    k: int) -> dict[str, torch.Tensor]:
+    """``cur`` (n rows) with rows ``idx`` replaced by ``new`` (k rows); a key on one side only is zero on the other."""
     out = {}
-    for k in sorted(set(cur) | set(new)):
-        c = cur.get(k)
-        r = new.get(k)
+    for key in sorted(set(cur) | set(new)):
+        c, r = cur.get(key), new.get(key)
         if c is None:
             c = r.new_zeros((n, *r.shape[1:]))
         if r is None:
-            r = c.new_zeros((int(idx.numel()) if idx.dtype != torch.bool else int(idx.sum()), *c.shape[1:]))
-        out[k] = c.index_put((idx,), r.to(c.dtype))
+            r = c.new_zeros((k, *c.shape[1:]))
+        out[key] = c.index_put((idx,), r.to(c.dtype))
     return out
+
+
+def cleared_memory(memory: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """``memory`` with every entry zero in ``rows`` ([N] bool)."""
+    keep = ~rows.to(torch.bool)
+    return {k: torch.where(keep.view(-1, *([1] * (t.dim() - 1))), t, torch.zeros_like(t)) for k, t in memory.items()}
 
 
 @dataclass(frozen=True)
@@ -124,7 +129,7 @@ class EnvState:
             elif isinstance(cur, Physics) and isinstance(new, Physics):
                 out[f.name] = Physics(*(c.index_put((idx,), n.to(c)) for c, n in zip(cur, new, strict=True)))
             elif isinstance(cur, dict) and isinstance(new, dict):
-                out[f.name] = _scatter_memory(cur, idx, new, self.num_envs)
+                out[f.name] = _scatter_memory(cur, self.num_envs, idx, new, rows.num_envs)
             elif isinstance(cur, torch.Tensor) and isinstance(new, torch.Tensor):
                 out[f.name] = cur.index_put((idx,), new.to(cur.dtype))
             else:
@@ -149,12 +154,7 @@ class EnvState:
     def clear_memory(self, rows: torch.Tensor) -> EnvState:
         """A copy whose transition memory is zero in ``rows`` ([N] bool): rows whose state was replaced (a reset, the
         instability guard's safe pose, a demonstration replay) carry nothing of their previous steps forward."""
-        if not self.memory:
-            return self
-        keep = ~rows.to(torch.bool)
-        mem = {k: torch.where(keep.view(-1, *([1] * (t.dim() - 1))), t, torch.zeros_like(t))
-               for k, t in self.memory.items()}
-        return dataclasses.replace(self, memory=mem)
+        return dataclasses.replace(self, memory=cleared_memory(self.memory, rows)) if self.memory else self
 
     def saved(self) -> dict[str, Any]:
         """The state as a checkpoint stores it (detached clones; ``torch.load(..., weights_only=True)`` reads it):
@@ -175,10 +175,11 @@ class EnvState:
 
         kw: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
-            v = saved.get(f.name, {}) if f.name == "memory" else saved[f.name]
             if f.name == "memory":
-                kw[f.name] = {k: t.to(device).clone() for k, t in v.items()}
-            elif f.name == "physics":
+                kw[f.name] = {k: t.to(device).clone() for k, t in saved.get("memory", {}).items()}
+                continue
+            v = saved[f.name]
+            if f.name == "physics":
                 kw[f.name] = None if v is None else physics_from_saved(v, model, device)
             else:
                 kw[f.name] = v.to(device).clone()

@@ -23,7 +23,7 @@ from bcg.envs.episode_rules import EpisodeRules
 from bcg.envs.grad_mask import RowGradMask
 from bcg.envs.instability import InstabilityGuard
 from bcg.envs.rewards import StepContext
-from bcg.envs.state import EnvState
+from bcg.envs.state import EnvState, cleared_memory
 from bcg.envs.transition import TransitionFn
 from bcg.envs.warp_step import StepOutputs
 from bcg.motion.features import FeatureFn, Features
@@ -117,7 +117,7 @@ class TrackingCore:
         if any_bad_in:
             q0 = torch.where(bad_in[:, None], self.safe_qpos(s.frame), q0.detach())
             qd0 = torch.where(bad_in[:, None], torch.zeros_like(qd0), qd0)
-            memory = s.clear_memory(bad_in).memory
+            memory = cleared_memory(s.memory, bad_in)
         holder: dict = {}
         if torch.is_grad_enabled():
             q_in, qd_in, t_in = (RowGradMask.apply(x, holder) for x in (q0, qd0, targets))
