@@ -133,3 +133,22 @@ def test_bad_files_refused(env, tmp_path):
         load_policy(other)
     with pytest.raises(PolicyFileError, match="does not exist"):
         load_policy(tmp_path / "missing.pt")
+
+
+def test_the_reference_joint_margin_travels_with_the_policy_to_its_replay(tmp_path):
+    from bcg.envs import G1TrackingVectorEnv
+    from bcg.evaluation.evaluate_cli import policy_env_kwargs
+    from bcg.evaluation.mujoco_transfer import make_env
+
+    e = G1TrackingVectorEnv(2, "run", reference_joint_margin=0.05, action_offset="reference")
+    plain = G1TrackingVectorEnv(2, "run", action_offset="reference")
+    assert not torch.equal(e.motion.qpos, plain.motion.qpos)  # run's clip comes nearer than 0.05 rad to a stop
+    exp, _, _ = _export(e, _mlp(e.obs_dim, 29))
+    pol = load_policy(save_policy(tmp_path / "p.pt", exp))
+    assert pol.meta["env"]["reference_joint_margin"] == 0.05
+    kwargs = policy_env_kwargs(pol)
+    assert kwargs["reference_joint_margin"] == 0.05
+    for simulator in ("bcg", "mujoco"):  # the residual actions land on the reference the policy was trained on
+        assert torch.equal(make_env("run", 2, simulator=simulator, **kwargs).motion.qpos, e.motion.qpos)
+    with pytest.raises(ValueError, match=r"reference_joint_margin must be a number in \[0, 0.2\]"):
+        G1TrackingVectorEnv(1, "run", reference_joint_margin=0.3)

@@ -17,6 +17,7 @@ from bcg.motion import (
     packaged_motion_path,
     resample_qpos,
 )
+from bcg.motion.resample import finite_difference_qvel
 
 G1_MOVES = Path(__file__).resolve().parents[1].parent / "shared" / "motions" / "g1_moves"
 CSVS = ["B_HandsUp.csv", "M_ShortMove14.csv", "J_ShortDance16_JazzWalk.csv", "B_SpinKarate.csv"]
@@ -195,6 +196,35 @@ def test_joint_limits_error_or_clip(tmp_path, model):
     m = load_motion(path, fps=50, clip_joint_limits=True, model=model)
     assert abs(float(m.qpos[4, 10]) - 2.8798) < 1e-4
     assert validate_motion(m).joint_limit_violations == 0
+
+
+def test_a_joint_margin_keeps_the_clip_inside_its_ranges_and_leaves_the_rest(model):
+    _need_g1_moves()
+    m = load_motion(G1_MOVES / "B_SpinKarate.csv", model=model)  # holds its ankle rolls at their stops
+    rng = np.asarray(model.dof_range)[6:]
+    lo, hi = rng[:, 0], rng[:, 1]
+    q = m.qpos[:, 7:].double().numpy()
+    assert (np.minimum(q - lo, hi - q) < 1e-6).mean() > 0.01
+    inside = m.inside_joint_limits(0.05)
+    qi = inside.qpos[:, 7:].double().numpy()
+    assert np.minimum(qi - lo, hi - qi).min() >= 0.05 - 1e-6
+    moved = np.abs(qi - q) > 1e-6
+    assert moved.any() and (np.minimum(q - lo, hi - q)[moved] < 0.05).all()  # only joints nearer than the margin
+    assert torch.equal(inside.qpos[:, :7], m.qpos[:, :7])  # the root is the clip's
+    # velocities and features are the clamped frames': the ankles' bodies move, the pelvis does not
+    fd = finite_difference_qvel(inside.qpos.double().numpy(), m.dt)
+    assert np.abs(inside.qvel.double().numpy() - fd).max() < 1e-4
+    knee = model.body_names.index("left_knee_link")  # above both ankle joints
+    assert torch.equal(inside.body_pos_w[:, knee], m.body_pos_w[:, knee])
+    foot_moved = (inside.sphere_pos_w - m.sphere_pos_w).norm(dim=-1).max()
+    assert 1e-3 < float(foot_moved) < 0.006  # measured 0.0049 m
+    assert torch.equal(inside.body_pos_w[:, 0], m.body_pos_w[:, 0])
+    assert m.inside_joint_limits(0.0) is m
+    # a margin wider than a quarter of a range stops there: the ankle roll (range 0.52 rad) at +-0.131
+    wide = m.inside_joint_limits(0.2).qpos[:, 7:].double().numpy()
+    assert np.abs(wide[:, 5]).max() <= (hi[5] - lo[5]) / 4 + 1e-6
+    with pytest.raises(ValueError, match="margin must be a finite value >= 0"):
+        m.inside_joint_limits(-0.1)
 
 
 def test_too_short(tmp_path, model):

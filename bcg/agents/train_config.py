@@ -176,6 +176,9 @@ class TrainConfig:
     --domain-randomization."""
     max_episode_steps: int | None = None
     """Extra time limit of an episode in control steps (None: the clip's end)."""
+    reference_joint_margin: float = 0.0
+    """Keep the clip's joint angles this far [rad] inside the joint ranges (0: the clip as loaded): a clip held at a
+    joint's stop (e.g. an ankle roll) otherwise asks the policy to stand on it there (docs/envs.md)."""
     action_offset: Literal["default", "reference"] | None = None
     """What a zero action holds: default (the default pose) or reference (residual actions on the clip's joint
     positions); None: the preset's (cpu-small: reference, paper: default). Both agents get the same action map."""
@@ -309,6 +312,7 @@ class TrainConfig:
                          soft_contact_timeconst=self.soft_contact_timeconst, contact_beta=self.contact_beta,
                          differentiable=self.agent == "shac", domain_randomization=self._randomization(),
                          max_episode_steps=self.max_episode_steps, action_offset=offset, action_scale=scale,
+                         reference_joint_margin=self.reference_joint_margin,
                          **{name: getattr(self, name) for name in LAYER_FIELDS})
 
     def _randomization(self) -> bool | DomainRandomization:

@@ -19,7 +19,8 @@ __all__ = ["env_motion"]
 def env_motion(source: Any, cfg: EnvConfig, model: SimModel, device: torch.device) -> Motion:
     """The :class:`Motion` of ``source`` (a packaged clip name, a path, or a Motion) on ``device``, sampled at the
     model's control period ``model.params.control_dt`` [s] (``cfg.motion_fps`` / ``cfg.motion_format`` say how to
-    read a file). Raises a one-line error for another type, a clip at another frame period, or fewer than 2 frames."""
+    read a file), its joints kept ``cfg.reference_joint_margin`` inside their ranges. Raises a one-line error for
+    another type, a clip at another frame period, or fewer than 2 frames."""
     from bcg.motion import load_motion
 
     control_dt = model.params.control_dt
@@ -36,4 +37,4 @@ def env_motion(source: Any, cfg: EnvConfig, model: SimModel, device: torch.devic
                          f"load it with load_motion(..., control_dt={control_dt})")
     if motion.num_frames < 2:
         raise ValueError(f"the motion has {motion.num_frames} frames; at least 2 are needed")
-    return motion
+    return motion.inside_joint_limits(cfg.reference_joint_margin)

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from bcg.envs.randomization import DomainRandomization
 
-__all__ = ["DYNAMICS_FIELDS", "DYNAMICS_PARAMS", "LAYER_FIELDS", "EnvConfig", "ObservationNoise", "check_count"]
+__all__ = ["DYNAMICS_FIELDS", "DYNAMICS_PARAMS", "LAYER_FIELDS", "MAX_REFERENCE_MARGIN", "REFERENCE_FIELDS", "EnvConfig", "ObservationNoise", "check_count"]
 
 DYNAMICS_PARAMS: dict[str, tuple[str, type]] = {
     "kappa": ("kappa", float), "substeps": ("substeps", int), "sim_dt": ("dt", float),
@@ -26,6 +26,13 @@ DYNAMICS_PARAMS: dict[str, tuple[str, type]] = {
 DYNAMICS_FIELDS: tuple[str, ...] = tuple(DYNAMICS_PARAMS)
 """The EnvConfig fields that set the simulator's dynamics (None: its default). Policy files record them, and a
 replay of a policy uses them (:meth:`EnvConfig.sim_params` maps them onto :class:`bcg.sim.ContactParams`)."""
+
+REFERENCE_FIELDS: tuple[str, ...] = ("reference_joint_margin",)
+"""The EnvConfig fields that change the reference a policy tracks (besides the clip): policy files record them, and
+a replay of a policy uses them, since with residual actions the reference is part of the action map."""
+
+MAX_REFERENCE_MARGIN = 0.2
+"""Largest ``reference_joint_margin`` [rad]."""
 
 LAYER_FIELDS: tuple[str, ...] = (
     "termination_anchor_height", "termination_gravity_z", "termination_end_effector_height", "adaptive_start",
@@ -135,6 +142,10 @@ class EnvConfig:
     positions at the frame the step lands on, so that a = 0 PD-tracks the clip and the policy learns corrections).
     The observation is the same in both; "reference" is what makes tracking learnable within a CPU budget
     (docs/shac.md)."""
+    reference_joint_margin: float = 0.0
+    """Keep the clip's joint angles this far [rad] inside the joint ranges (at most a quarter of a range): a clip held
+    at a joint's stop puts the PD targets, the start states and the tracking reward there too (docs/envs.md). 0: the
+    clip as loaded. Policy files record it, and a replay of the policy tracks the same reference."""
     max_episode_steps: int | None = None
     """Extra time limit in control steps (>= 1); the clip's end always truncates."""
     termination_height: float = 0.3
@@ -213,6 +224,9 @@ class EnvConfig:
             raise ValueError(f"adaptive_start_credit must be 'end' or 'start', got {self.adaptive_start_credit!r}")
         if not isinstance(self.adaptive_start, bool):
             raise TypeError(f"adaptive_start must be a bool, got {self.adaptive_start!r}")
+        if not (_real(self.reference_joint_margin) and 0 <= self.reference_joint_margin <= MAX_REFERENCE_MARGIN):
+            raise ValueError(f"reference_joint_margin must be a number in [0, {MAX_REFERENCE_MARGIN}] [rad], got "
+                             f"{self.reference_joint_margin!r}")
         if self.state_limit <= 0 or self.termination_distance <= 0:
             raise ValueError("state_limit and termination_distance must be > 0, got "
                              f"{self.state_limit!r} and {self.termination_distance!r}")

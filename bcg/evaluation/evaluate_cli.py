@@ -68,12 +68,13 @@ def load_source(source: str, motion: str | None) -> tuple[Any, str, dict[str, An
 def policy_env_kwargs(policy: Any) -> dict[str, Any]:
     """The replay env's keyword arguments that a policy file fixes: its action map, and the dynamics options it was
     trained with (None: the env's default), i.e. the contact parameters of our simulator's replay and the substep and
-    substep count, hence the control rate, of both simulators."""
-    from bcg.envs.config import DYNAMICS_PARAMS
+    substep count, hence the control rate, of both simulators, and the reference it tracked (its joint margin)."""
+    from bcg.envs.config import DYNAMICS_PARAMS, REFERENCE_FIELDS
 
     env_kwargs: dict[str, Any] = {"action_scale": policy.action_scale.detach().cpu().double().numpy(),
                                   "action_offset": policy.action_offset}
-    for key, (_, cast) in DYNAMICS_PARAMS.items():
+    casts = {**{key: cast for key, (_, cast) in DYNAMICS_PARAMS.items()}, **dict.fromkeys(REFERENCE_FIELDS, float)}
+    for key, cast in casts.items():
         value = policy.meta.get("env", {}).get(key)
         if value is not None:
             env_kwargs[key] = cast(value)

@@ -155,6 +155,23 @@ class Motion:
         new._feature_fn = None
         return new
 
+    def inside_joint_limits(self, margin: float) -> Motion:
+        """A copy whose joint angles are kept ``margin`` [rad] inside the model's joint ranges: each hinge clamped to
+        ``[lower + m, upper - m]`` with ``m = min(margin, (upper - lower) / 4)``, velocities and features recomputed
+        from the clamped frames. ``margin = 0`` returns ``self``. A reference held at a joint's stop asks the PD
+        targets, the start states and the tracking reward to sit there too, where the joint-limit models of
+        simulators part most (docs/envs.md)."""
+        if not (math.isfinite(margin) and margin >= 0):
+            raise ValueError(f"margin must be a finite value >= 0 [rad], got {margin!r}")
+        if margin == 0:
+            return self
+        rng = np.asarray(self.model.dof_range, dtype=np.float64)[6:]
+        lo, hi = rng[:, 0], rng[:, 1]
+        m = np.minimum(margin, np.where(np.isfinite(hi - lo), (hi - lo) / 4, np.inf))
+        qpos = self._qpos64.copy()
+        qpos[:, 7:] = np.clip(qpos[:, 7:], lo + m, hi - m)
+        return Motion(qpos, self.dt, self.model, name=self.name, source=self.source, device=self.device)
+
     # -- lookups -----------------------------------------------------------------------------------------------
 
     def phase_to_time(self, phase: torch.Tensor | float) -> torch.Tensor:
