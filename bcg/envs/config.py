@@ -16,7 +16,8 @@ from typing import Any, Literal
 
 from bcg.envs.randomization import DomainRandomization
 
-__all__ = ["DYNAMICS_FIELDS", "DYNAMICS_PARAMS", "LAYER_FIELDS", "MAX_REFERENCE_MARGIN", "REFERENCE_FIELDS", "EnvConfig", "ObservationNoise", "check_count"]
+__all__ = ["DYNAMICS_FIELDS", "DYNAMICS_PARAMS", "LAYER_FIELDS", "MAX_REFERENCE_MARGIN", "REFERENCE_FIELDS",
+           "EnvConfig", "ObservationNoise", "check_count"]
 
 DYNAMICS_PARAMS: dict[str, tuple[str, type]] = {
     "kappa": ("kappa", float), "substeps": ("substeps", int), "sim_dt": ("dt", float),
