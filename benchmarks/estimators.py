@@ -179,6 +179,7 @@ def perturb_scale(o: Options) -> dict:
 def main(o: Options) -> None:
     from tqdm import tqdm
 
+    from bcg.envs.dynamics import Dynamics
     from bcg.evaluation.gradient_variance import VarianceStudy, make_estimator, make_study_env, run_study, study_dict
 
     torch.set_num_threads(o.threads)
@@ -207,11 +208,12 @@ def main(o: Options) -> None:
         for kappa in o.kappas:
             env = make_study_env(clip, kappa, 2 * o.num_envs, o.device)
             # warm-up: kernels, kinematics caches and the allocator, so that the first timed run is not slower
-            run_study(VarianceStudy(clip=clip, kappa=kappa, num_envs=o.num_envs, window=2, seeds=(o.seeds[0],),
-                                    zo_rounds=0, bootstrap=10, device=o.device), o.estimators, env=env)
+            run_study(VarianceStudy(clip=clip, dynamics=Dynamics(kappa=kappa), num_envs=o.num_envs, window=2,
+                                    seeds=(o.seeds[0],), zo_rounds=0, bootstrap=10, device=o.device),
+                      o.estimators, env=env)
             for window in o.windows:
-                study = VarianceStudy(clip=clip, kappa=kappa, num_envs=o.num_envs, window=window, seeds=o.seeds,
-                                      theta_std=o.theta_std, shared_start=o.shared_start,
+                study = VarianceStudy(clip=clip, dynamics=Dynamics(kappa=kappa), num_envs=o.num_envs, window=window,
+                                      seeds=o.seeds, theta_std=o.theta_std, shared_start=o.shared_start,
                                       start_jitter=o.start_jitter, bootstrap=o.bootstrap, zo_sigma=o.zo_sigma,
                                       zo_rounds=o.zo_rounds, device=o.device)
 

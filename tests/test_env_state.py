@@ -15,7 +15,7 @@ import pytest
 import torch
 from test_env_common import synthetic_qpos, write_synthetic_motion
 
-from bcg.envs.config import EnvConfig
+from bcg.envs.config import Dynamics, EnvConfig
 from bcg.envs.randomization import DomainRandomization
 from bcg.envs.registration import register_envs
 from bcg.envs.state import EnvState
@@ -210,26 +210,26 @@ def test_transition_memory_travels_with_its_rows(motion_path: Path) -> None:
 
 def test_config_and_keywords_are_equivalent(motion_path: Path) -> None:
     register_envs()
-    cfg = EnvConfig(motion_file=str(motion_path), kappa=150.0, max_episode_steps=7, ref_steps=2)
+    cfg = EnvConfig(motion_file=str(motion_path), dynamics=Dynamics(kappa=150.0), max_episode_steps=7, ref_steps=2)
     a = gym.make_vec(ID, num_envs=2, config=cfg)
     b = gym.make_vec(ID, num_envs=2, motion_file=str(motion_path), kappa=150.0, max_episode_steps=7, ref_steps=2)
     assert a.config == b.config and a.model.params.kappa == 150.0 and a.obs_dim == 849 - 204
     c = gym.make_vec(ID, num_envs=2, config=cfg, kappa=90.0)  # a keyword beside the config overrides it
-    assert c.config.kappa == 90.0 and c.config.max_episode_steps == 7
+    assert c.config.dynamics.kappa == 90.0 and c.config.max_episode_steps == 7
     assert gym.make_vec("BCG-G1-Jump-v0", num_envs=1).motion.name == "jump"  # the id's own clip by default
     single = gym.make(ID, config=cfg)
-    assert single.unwrapped.vec.config.kappa == 150.0
+    assert single.unwrapped.vec.config.dynamics.kappa == 150.0
     with pytest.raises(TypeError, match="unknown environment option"):
         gym.make_vec(ID, num_envs=1, kapa=1.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        cfg.kappa = 1.0  # type: ignore[misc]
+        cfg.dynamics.kappa = 1.0  # type: ignore[misc]
 
 
 def test_every_config_field_has_a_docstring() -> None:
     from bcg.envs import config
     from bcg.envs.rewards import TrackingReward
 
-    for cls in (config.EnvConfig, config.ObservationNoise, DomainRandomization, TrackingReward):
+    for cls in (config.EnvConfig, config.Dynamics, config.ObservationNoise, DomainRandomization, TrackingReward):
         body = ast.parse(inspect.getsource(cls)).body[0].body
         documented = {a.target.id for a, d in zip(body, body[1:], strict=False)
                       if isinstance(a, ast.AnnAssign) and isinstance(d, ast.Expr) and isinstance(d.value, ast.Constant)}
@@ -243,7 +243,7 @@ def test_tyro_exposes_the_config() -> None:
 
     cfg = tyro.cli(EnvConfig, args=["--kappa", "100", "--max-episode-steps", "50", "--motion-file", "jump",
                                     "--no-autoreset"])
-    assert cfg == EnvConfig(kappa=100.0, max_episode_steps=50, motion_file="jump", autoreset=False)
+    assert cfg == EnvConfig(dynamics=Dynamics(kappa=100.0), max_episode_steps=50, motion_file="jump", autoreset=False)
 
 
 def test_clear_errors_for_counts_steps_and_seeds(motion_path: Path) -> None:

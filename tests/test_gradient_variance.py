@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from bcg.envs.dynamics import Dynamics
 from bcg.estimators import parse_spec
 from bcg.evaluation.gradient_variance import (
     EstimatorRun,
@@ -129,7 +130,8 @@ def test_zeroth_order_reference_points_along_the_autograd_gradient(jump) -> None
 # = 1.018 [0.997, 1.041] (90 % bootstrap), trigger rate 1.8 % of environment-steps. With 32 environments: 1.001
 # [0.996, 1.006]; bcg with trigger="always" 1.029 [1.008, 1.053], grs 1.015 [0.999, 1.033] (docs/estimators.md,
 # "Variance", where the 64-environment, 32-step benchmark is reported).
-CLAIM = dict(clip="jump", kappa=300.0, num_envs=16, window=16, seeds=(0, 1), zo_rounds=0, bootstrap=500)
+CLAIM = dict(clip="jump", dynamics=Dynamics(kappa=300.0), num_envs=16, window=16, seeds=(0, 1), zo_rounds=0,
+             bootstrap=500)
 REASON = ("measured: on today's simulator bcg leaves the summed per-environment policy-gradient variance at bptt's "
           "(ratio 1.018 [0.997, 1.041] here, 1.00 in the 64-env 32-step benchmark; trigger rate 1-2 %); the variance "
           "across environments comes from their different clip phases, not from contact noise (docs/estimators.md, "
@@ -164,6 +166,6 @@ def test_measured_variance_ratio_on_the_stiff_contact_window(claim_window) -> No
 @pytest.mark.xfail(strict=True, reason=REASON)
 def test_bcg_lowers_the_variance_at_the_benchmark_size() -> None:
     """The claim at the benchmark's size (64 environments, T = 32, 3 seeds; minutes of CPU)."""
-    ws = run_study(VarianceStudy(clip="jump", kappa=300.0, num_envs=64, window=32, seeds=(0, 1, 2), zo_rounds=0,
-                                 bootstrap=500), ("bptt", "bcg"))
+    ws = run_study(VarianceStudy(clip="jump", dynamics=Dynamics(kappa=300.0), num_envs=64, window=32, seeds=(0, 1, 2),
+                                 zo_rounds=0, bootstrap=500), ("bptt", "bcg"))
     assert ws.summary["bcg"]["ratio_ci"][1] < 0.9

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -42,7 +43,8 @@ def test_each_checkpoint_is_scored_with_its_training_progress(run_dir, capsys):
     assert "wrote" in out and "curve.csv" in out
     # the cached report of a checkpoint is what `bcg evaluate` gives for the policy it exports
     cached = json.loads((folder / "iter_000003.json").read_text())
-    assert cached["options"] == json.loads(json.dumps(TransferOptions(phases=1, seeds=(0,), seconds=0.1).__dict__))
+    options = dataclasses.asdict(TransferOptions(phases=1, seeds=(0,), seconds=0.1))
+    assert cached["options"] == json.loads(json.dumps(options))
 
 
 def test_a_second_call_reuses_the_scored_checkpoints(run_dir, monkeypatch):

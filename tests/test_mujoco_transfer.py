@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from bcg.envs.dynamics import Dynamics
 from bcg.evaluation.mujoco_loop import MujocoLoop, per_foot
 from bcg.evaluation.mujoco_transfer import (
     MujocoTransition,
@@ -371,8 +372,8 @@ def test_the_default_options_name_the_folder_after_the_clip_alone(tmp_path):
 
     assert Evaluate("RUN").default_out_dir(Path("RUN/eval"), "jump") == Path("RUN/eval/jump")
     assert Evaluate("reference", motion="run").default_out_dir(Path("eval"), "run") == Path("eval/reference-run")
-    stiff, stiffer = Evaluate("RUN", protocol=TransferOptions(kappa=500.0)), Evaluate("RUN", protocol=TransferOptions(
-        kappa=600.0))
+    stiff = Evaluate("RUN", protocol=TransferOptions(dynamics=Dynamics(kappa=500.0)))
+    stiffer = Evaluate("RUN", protocol=TransferOptions(dynamics=Dynamics(kappa=600.0)))
     assert stiff.default_out_dir(Path("e"), "jump") != stiffer.default_out_dir(Path("e"), "jump")
     # folders written before the protocol became one declaration keep their names (digests of the same options)
     assert stiff.default_out_dir(Path("e"), "jump") == Path("e/jump-e837c0b0")

@@ -74,7 +74,7 @@ def test_stiffness_study_tiny(tmp_path: Path) -> None:
     for r in data["results"]:
         assert r["error"] is None
         cfg = json.loads((Path(r["run_dir"]) / "config.json").read_text())
-        assert cfg["kappa"] == r["kappa"]  # each run trained at its own stiffness
+        assert cfg["dynamics"]["kappa"] == r["kappa"]  # each run trained at its own stiffness
         tr = r["transfer"]
         assert tr["episodes"] == 1 and 0 <= tr["falls"] <= 1 and math.isfinite(tr["delta_d_mm"])
     assert (out / "study_stiffness.png").stat().st_size > 10_000

@@ -126,7 +126,7 @@ def policy_export(mean_net: nn.Sequential, obs_mean: torch.Tensor, obs_var: torc
         agent: the agent's name ("shac", "ppo", ...).
     """
     import bcg
-    from bcg.envs.config import DYNAMICS_FIELDS, REFERENCE_FIELDS
+    from bcg.envs.config import REFERENCE_FIELDS
     from bcg.robots.g1 import JOINT_NAMES, MJCF_PATH
 
     specs, tensors = _encode_layers(mean_net)
@@ -166,7 +166,7 @@ def policy_export(mean_net: nn.Sequential, obs_mean: torch.Tensor, obs_var: torc
         "motion": {"name": env.motion.name, "source": str(env.motion.source), "num_frames": int(env.num_frames),
                    "sha256": file_sha256(env.motion.source) if Path(env.motion.source).is_file() else None},
         "control_dt": float(env.control_dt),
-        "env": {**{name: getattr(cfg, name) for name in (*DYNAMICS_FIELDS, *REFERENCE_FIELDS)},
+        "env": {**cfg.dynamics.as_dict(), **{name: getattr(cfg, name) for name in REFERENCE_FIELDS},
                 "ref_steps": cfg.ref_steps,
                 "domain_randomization": cfg.domain_randomization is not False},
     }

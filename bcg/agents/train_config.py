@@ -20,6 +20,7 @@ import tyro
 from bcg.agents.checkpoint import (
     load_checkpoint,
 )
+from bcg.envs.dynamics import Dynamics
 from bcg.parsing import parse_command
 
 if TYPE_CHECKING:  # pragma: no cover - bound at parse time by _bind_types (plugins included)
@@ -156,13 +157,9 @@ class TrainConfig:
     RUN-from-iterN-YYYYmmdd-HHMMSS), leaving the run it came from as it is."""
     device: str = "cpu"
     """Torch / Warp device of the environment and the networks: cpu or cuda[:K]."""
-    kappa: float | None = None
-    """Contact stiffness of the simulator [1/m] (None: the simulator's default, 300)."""
-    soft_contact_timeconst: float | None = None
-    """Brake contact impacts over several substeps as MuJoCo's soft contact does, with this time constant [s] (0.02:
-    MuJoCo's default, where policies are evaluated; docs/simulator.md); None: stopped within one substep."""
-    contact_beta: float | None = None
-    """Baumgarte factor of the contacts in [0, 1] (None: the simulator's 0.5); lower is a softer ground."""
+    dynamics: tyro.conf.OmitArgPrefixes[Dynamics] = Dynamics()
+    """The simulator's dynamics (bcg.envs.Dynamics), each None for the simulator's default: contact stiffness, soft
+    contact, Baumgarte factor, substeps and substep (docs/simulator.md)."""
     domain_randomization: bool = True
     """Randomise physics, pushes, latency and observation noise (docs/envs.md ranges); --no-domain-randomization: off.
     On by default: one of the layers with which policies stand in MuJoCo (docs/shac.md, the ablation)."""
@@ -308,8 +305,7 @@ class TrainConfig:
             from bcg.robots import g1
 
             scale = tuple(float(x) for x in torque_action_scale(g1.KP, g1.TORQUE_LIMITS, self.action_scale_torque))
-        return EnvConfig(motion_file=self.motion, kappa=self.kappa, device=self.device,
-                         soft_contact_timeconst=self.soft_contact_timeconst, contact_beta=self.contact_beta,
+        return EnvConfig(motion_file=self.motion, dynamics=self.dynamics, device=self.device,
                          differentiable=self.agent == "shac", domain_randomization=self._randomization(),
                          max_episode_steps=self.max_episode_steps, action_offset=offset, action_scale=scale,
                          reference_joint_margin=self.reference_joint_margin,
@@ -493,6 +489,7 @@ def _from_plain(default: Any, value: Any, where: str) -> Any:
 
 def config_from_dict(d: Mapping[str, Any]) -> TrainConfig:
     """Inverse of :func:`config_to_dict` (e.g. a checkpoint's or config.json's config)."""
+    from bcg.envs.dynamics import DYNAMICS_FIELDS
     from bcg.estimators import ESTIMATORS, make
 
     _bind_types()
@@ -503,6 +500,10 @@ def config_from_dict(d: Mapping[str, Any]) -> TrainConfig:
     # start-state and termination layers (or before they were on by default) had none of them
     for key, old_default in LEGACY_DEFAULTS.items():
         d.setdefault(key, old_default)
+    # runs written before the dynamics were one option group had them flat (kappa, soft_contact_timeconst, ...)
+    flat = {k: d.pop(k) for k in DYNAMICS_FIELDS if k in d}
+    if flat:
+        d["dynamics"] = {**flat, **d.get("dynamics", {})}
     base = default_config(d.get("agent", "shac"), d.get("preset", "cpu-small"))
     est = d.pop("estimator", None)
     if est is not None:

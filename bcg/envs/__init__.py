@@ -8,6 +8,7 @@ from __future__ import annotations
 from bcg._lazy import lazy_getattr
 
 _LAZY: dict[str, str] = {
+    "Dynamics": "bcg.envs.dynamics",
     "EnvConfig": "bcg.envs.config",
     "ObservationNoise": "bcg.envs.config",
     "EnvState": "bcg.envs.state",

@@ -104,7 +104,7 @@ class TrackingParts:
         from bcg.sim import load_model
 
         dev = torch.device(cfg.device)
-        m = load_model(MJCF_PATH, device=str(cfg.device), **cfg.sim_params())
+        m = load_model(MJCF_PATH, device=str(cfg.device), **cfg.dynamics.sim_params())
         motion = env_motion(cfg.motion_file, cfg, m, dev)
         f32 = dict(dtype=torch.float32, device=dev)
         default_joint_pos = torch.as_tensor(np.array(DEFAULT_JOINT_POS), **f32)

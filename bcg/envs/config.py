@@ -14,19 +14,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import tyro
+
+from bcg.envs.checks import MAX_SEED, check_count, check_seed, is_real
+from bcg.envs.dynamics import DYNAMICS_FIELDS, DYNAMICS_PARAMS, Dynamics
 from bcg.envs.randomization import DomainRandomization
 
 __all__ = ["DYNAMICS_FIELDS", "DYNAMICS_PARAMS", "LAYER_FIELDS", "MAX_REFERENCE_MARGIN", "REFERENCE_FIELDS",
-           "EnvConfig", "ObservationNoise", "check_count"]
-
-DYNAMICS_PARAMS: dict[str, tuple[str, type]] = {
-    "kappa": ("kappa", float), "substeps": ("substeps", int), "sim_dt": ("dt", float),
-    "soft_contact_timeconst": ("soft_timeconst", float), "contact_beta": ("beta", float)}
-"""Each dynamics field of EnvConfig: its :func:`bcg.sim.load_model` parameter and type."""
-
-DYNAMICS_FIELDS: tuple[str, ...] = tuple(DYNAMICS_PARAMS)
-"""The EnvConfig fields that set the simulator's dynamics (None: its default). Policy files record them, and a
-replay of a policy uses them (:meth:`EnvConfig.sim_params` maps them onto :class:`bcg.sim.ContactParams`)."""
+           "MAX_SEED", "Dynamics", "EnvConfig", "ObservationNoise", "check_count", "check_seed"]
 
 REFERENCE_FIELDS: tuple[str, ...] = ("reference_joint_margin",)
 """The EnvConfig fields that change the reference a policy tracks (besides the clip): policy files record them, and
@@ -71,36 +66,6 @@ class ObservationNoise:
         return float(getattr(self, term, 0.0)) if term != "root_pos_h" else 0.0
 
 
-def check_count(name: str, value: Any, minimum: int = 1) -> int:
-    """``value`` as a Python int >= ``minimum`` (numpy integers accepted); a clear error otherwise."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an integer >= {minimum}, got {value!r} of type {type(value).__name__}")
-    if int(value) < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {int(value)}")
-    return int(value)
-
-
-MAX_SEED: int = 2**63 - 1
-"""Largest seed an environment's ``reset`` accepts (seeds are integers in [0, MAX_SEED])."""
-
-
-def check_seed(seed: Any) -> int | None:
-    """``seed`` as a Python int in [0, MAX_SEED], or None; a clear error otherwise."""
-    if seed is None:
-        return None
-    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-        raise TypeError(f"seed must be None or an integer in [0, {MAX_SEED}], got {seed!r} of type "
-                        f"{type(seed).__name__}")
-    if not 0 <= int(seed) <= MAX_SEED:
-        raise ValueError(f"seed must be an integer in [0, {MAX_SEED}] (2^63 - 1), got {int(seed)}")
-    return int(seed)
-
-
-def _real(v: Any) -> bool:
-    """Whether ``v`` is a finite real number (bools are not)."""
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-
-
 @dataclass(frozen=True)
 class EnvConfig:
     """Every option of the G1 tracking environments (``BCG-G1-{Run,Jump,Fight,Dance}-v0``)."""
@@ -112,17 +77,9 @@ class EnvConfig:
     """Frame rate of the motion file [Hz] (None: what the file or its name says; see bcg.motion.formats)."""
     motion_format: Literal["auto", "lafan1", "g1moves", "npz"] = "auto"
     """Motion file format (lafan1: CSV at 30 FPS; g1moves: CSV at 60 FPS)."""
-    kappa: float | None = None
-    """Contact stiffness of the simulator [1/m] (None: the simulator's default, 300)."""
-    soft_contact_timeconst: float | None = None
-    """Time constant [s] of the soft normal contact (MuJoCo's solref[0]; 0.02 is MuJoCo's default): impacts are
-    braked over several substeps as in MuJoCo; None: stopped within one (bcg.sim.ContactParams.soft_timeconst)."""
-    contact_beta: float | None = None
-    """Baumgarte factor of the contacts in [0, 1] (None: the simulator's 0.5); lower is a softer ground."""
-    substeps: int | None = None
-    """Physics substeps per control step (None: 4)."""
-    sim_dt: float | None = None
-    """Physics substep [s] (None: 0.005); the control period is substeps * sim_dt."""
+    dynamics: tyro.conf.OmitArgPrefixes[Dynamics] = field(default_factory=Dynamics)
+    """Contact stiffness, soft contact, Baumgarte factor, substeps and substep of the simulator (:class:`Dynamics`);
+    the keyword form takes its fields flat (``kappa=100.0``)."""
     device: str = "cpu"
     """Torch / Warp device: "cpu" or "cuda[:K]"."""
     differentiable: bool = False
@@ -191,21 +148,10 @@ class EnvConfig:
         if self.max_episode_steps is not None:
             object.__setattr__(self, "max_episode_steps", check_count("max_episode_steps", self.max_episode_steps))
         object.__setattr__(self, "ref_steps", check_count("ref_steps", self.ref_steps))
-        if self.substeps is not None:
-            object.__setattr__(self, "substeps", check_count("substeps", self.substeps))
-        if self.contact_beta is not None and not (isinstance(self.contact_beta, numbers.Real)
-                                                  and 0 <= self.contact_beta <= 1):
-            raise ValueError(f"contact_beta must be a number in [0, 1] or None, got {self.contact_beta!r}")
-        for name in ("kappa", "sim_dt", "motion_fps", "soft_contact_timeconst"):
-            v = getattr(self, name)
-            if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
-                raise ValueError(f"{name} must be a finite number > 0 or None, got {v!r}")
-        from bcg.sim import ContactParams
-
-        h = ContactParams.dt if self.sim_dt is None else float(self.sim_dt)
-        if self.soft_contact_timeconst is not None and self.soft_contact_timeconst < 2 * h:
-            raise ValueError(f"soft_contact_timeconst must be at least twice the physics substep ({2 * h:g} s), got "
-                             f"{self.soft_contact_timeconst!r}")
+        if not isinstance(self.dynamics, Dynamics):
+            raise TypeError(f"dynamics must be a bcg.envs.Dynamics, got {type(self.dynamics).__name__}")
+        if self.motion_fps is not None and not (is_real(self.motion_fps) and self.motion_fps > 0):
+            raise ValueError(f"motion_fps must be a finite number > 0 or None, got {self.motion_fps!r}")
         for name in ("termination_height", "termination_distance", "state_limit"):
             v = getattr(self, name)
             if not (isinstance(v, numbers.Real) and math.isfinite(v)):
@@ -213,19 +159,19 @@ class EnvConfig:
         for name in ("termination_anchor_height", "termination_gravity_z", "termination_end_effector_height",
                      "replay_threshold"):
             v = getattr(self, name)
-            if v is not None and not (_real(v) and v > 0):
+            if v is not None and not (is_real(v) and v > 0):
                 raise ValueError(f"{name} must be a finite number > 0 or None, got {v!r}")
-        if not (_real(self.adaptive_start_bin_s) and self.adaptive_start_bin_s > 0):
+        if not (is_real(self.adaptive_start_bin_s) and self.adaptive_start_bin_s > 0):
             raise ValueError(f"adaptive_start_bin_s must be a finite number > 0 [s], got {self.adaptive_start_bin_s!r}")
-        if not (_real(self.adaptive_start_alpha) and 0 < self.adaptive_start_alpha <= 1):
+        if not (is_real(self.adaptive_start_alpha) and 0 < self.adaptive_start_alpha <= 1):
             raise ValueError(f"adaptive_start_alpha must be a number in (0, 1], got {self.adaptive_start_alpha!r}")
-        if not (_real(self.adaptive_start_floor) and 0 <= self.adaptive_start_floor <= 1):
+        if not (is_real(self.adaptive_start_floor) and 0 <= self.adaptive_start_floor <= 1):
             raise ValueError(f"adaptive_start_floor must be a number in [0, 1], got {self.adaptive_start_floor!r}")
         if self.adaptive_start_credit not in ("end", "start"):
             raise ValueError(f"adaptive_start_credit must be 'end' or 'start', got {self.adaptive_start_credit!r}")
         if not isinstance(self.adaptive_start, bool):
             raise TypeError(f"adaptive_start must be a bool, got {self.adaptive_start!r}")
-        if not (_real(self.reference_joint_margin) and 0 <= self.reference_joint_margin <= MAX_REFERENCE_MARGIN):
+        if not (is_real(self.reference_joint_margin) and 0 <= self.reference_joint_margin <= MAX_REFERENCE_MARGIN):
             raise ValueError(f"reference_joint_margin must be a number in [0, {MAX_REFERENCE_MARGIN}] [rad], got "
                              f"{self.reference_joint_margin!r}")
         if self.state_limit <= 0 or self.termination_distance <= 0:
@@ -254,20 +200,19 @@ class EnvConfig:
             return DomainRandomization.off()
         return dr
 
-    def sim_params(self) -> dict[str, Any]:
-        """The :func:`bcg.sim.load_model` parameters of the :data:`DYNAMICS_FIELDS` that are set (the others keep
-        the simulator's defaults)."""
-        return {param: cast(getattr(self, field)) for field, (param, cast) in DYNAMICS_PARAMS.items()
-                if getattr(self, field) is not None}
-
     @staticmethod
     def from_kwargs(config: EnvConfig | None = None, **kwargs: Any) -> EnvConfig:
-        """``config`` (default ``EnvConfig()``) with the keyword fields replaced; unknown keywords raise."""
+        """``config`` (default ``EnvConfig()``) with the keyword fields replaced; the :class:`Dynamics` fields are
+        taken flat (``kappa=100.0`` replaces ``dynamics.kappa``); unknown keywords raise."""
         base = EnvConfig() if config is None else config
         if not isinstance(base, EnvConfig):
             raise TypeError(f"config must be an EnvConfig, got {type(base).__name__}")
         names = {f.name for f in dataclasses.fields(EnvConfig)}
-        unknown = sorted(set(kwargs) - names)
+        unknown = sorted(set(kwargs) - names - set(DYNAMICS_FIELDS))
         if unknown:
-            raise TypeError(f"unknown environment option(s) {unknown}; EnvConfig fields are {sorted(names)}")
+            raise TypeError(f"unknown environment option(s) {unknown}; EnvConfig fields are "
+                            f"{sorted(names | set(DYNAMICS_FIELDS))}")
+        flat = {k: kwargs.pop(k) for k in DYNAMICS_FIELDS if k in kwargs}
+        if flat:
+            kwargs["dynamics"] = dataclasses.replace(kwargs.get("dynamics", base.dynamics), **flat)
         return dataclasses.replace(base, **kwargs) if kwargs else base

@@ -28,6 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tyro
+
+from bcg.envs.dynamics import Dynamics
+
 __all__ = ["Compare", "Job", "check_method", "make_jobs", "method_label", "parse_method", "run_job", "run_jobs"]
 
 
@@ -100,8 +104,8 @@ class Job:
     """Training wall-clock budget [s] (None: ``iterations`` alone)."""
     preset: str = "cpu-small"
     """Agent config preset."""
-    kappa: float | None = None
-    """Contact stiffness of the training simulator [1/m] (None: the default, 300)."""
+    dynamics: Dynamics = Dynamics()
+    """Dynamics of the training simulator (contact stiffness, ...; each None for the default)."""
     shac: tuple[tuple[str, Any], ...] = ()
     """SHACConfig field overrides, as (name, value) pairs."""
     ppo: tuple[tuple[str, Any], ...] = ()
@@ -119,7 +123,7 @@ class Job:
     def name(self) -> str:
         """Run directory name, unique in a grid: ``MOTION-METHOD-sSEED`` (method made file-safe)."""
         slug = "".join(c if c.isalnum() or c in "-_." else "-" for c in self.method.replace(":", "-"))
-        k = "" if self.kappa is None else f"-k{self.kappa:g}"
+        k = "" if self.dynamics.kappa is None else f"-k{self.dynamics.kappa:g}"
         return f"{Path(self.motion).stem}-{slug}{k}-s{self.seed}"
 
 
@@ -166,13 +170,14 @@ def run_job(job: Job | dict[str, Any]) -> dict[str, Any]:
     a module-level function so that worker processes and Ray can import it."""
     if isinstance(job, dict):
         job = Job(**{**job, "eval_seeds": tuple(job.get("eval_seeds", (0,))),
+                     "dynamics": Dynamics.from_mapping(job.get("dynamics") or {}),
                      "shac": tuple(map(tuple, job.get("shac", ()))), "ppo": tuple(map(tuple, job.get("ppo", ())))})
     import torch
 
     torch.set_num_threads(1)  # one core per job: jobs run side by side (train's torch_threads=1 does the same)
     res: dict[str, Any] = {"method": job.method, "label": method_label(job.method), "motion": Path(job.motion).stem,
-                           "seed": job.seed, "kappa": job.kappa, "run_dir": None, "status": None, "error": None,
-                           "curve": None, "transfer": None, "seconds": {"train": None, "transfer": None}}
+                           "seed": job.seed, "kappa": job.dynamics.kappa, "run_dir": None, "status": None,
+                           "error": None, "curve": None, "transfer": None, "seconds": {"train": None, "transfer": None}}
     try:
         from bcg.agents.train import default_config
         from bcg.estimators import make
@@ -180,8 +185,9 @@ def run_job(job: Job | dict[str, Any]) -> dict[str, Any]:
 
         agent, est_name, params = parse_method(job.method)
         overrides: dict[str, Any] = dict(motion=job.motion, seed=job.seed, iterations=job.iterations,
-                                         max_time_s=job.budget_s, out=Path(job.out), name=job.name, kappa=job.kappa,
-                                         checkpoint_every=0, progress=False, tensorboard=False, device=job.device,
+                                         max_time_s=job.budget_s, out=Path(job.out), name=job.name,
+                                         dynamics=job.dynamics, checkpoint_every=0, progress=False, tensorboard=False,
+                                         device=job.device,
                                          # the learning rates decay over the budget that binds, as in `bcg train
                                          # --max-time-s`, not over the preset's iterations (docs/training.md)
                                          schedule_over_time=job.budget_s is not None)
@@ -241,7 +247,8 @@ def run_result(run_dir: str | Path) -> dict[str, Any]:
     report = json.loads(report_path.read_text())
     est = cfg.get("estimator") or {}
     method = "ppo" if cfg["agent"] == "ppo" else f"shac:{est.get('name', 'bptt')}"
-    kappa = cfg.get("kappa") if cfg.get("kappa") is not None else ContactParams().kappa
+    # runs written before the dynamics were one option group have kappa at the top of their config
+    kappa = Dynamics.from_mapping(cfg.get("dynamics") or cfg).kappa or ContactParams().kappa
     tr = _transfer_entry(report)
     return {"method": method, "label": method_label(method), "motion": clip, "seed": int(cfg["seed"]),
             "kappa": float(kappa), "run_dir": str(run), "status": 0, "error": None,
@@ -378,8 +385,8 @@ class Compare(GridOptions):
     """Clips (packaged names or motion files)."""
     seeds: tuple[int, ...] = (0,)
     """Training seeds."""
-    kappa: float | None = None
-    """Contact stiffness of training [1/m] (None: the simulator's default, 300)."""
+    dynamics: tyro.conf.OmitArgPrefixes[Dynamics] = Dynamics()
+    """Dynamics of training (--kappa, --substeps, ...; each None for the simulator's default)."""
     out: Path = Path("runs/compare")
     """Output folder: runs/ (one run directory per job), results.json, report.md and the PNG plots."""
     device: str = "cpu"
@@ -396,7 +403,7 @@ class Compare(GridOptions):
         shac = (("num_envs", self.shac_num_envs),) if self.shac_num_envs else ()
         ppo = (("num_envs", self.ppo_num_envs),) if self.ppo_num_envs else ()
         return make_jobs(self.methods, self.motions, self.seeds, self.out / "runs", iterations=self.iterations,
-                         budget_s=self.budget_s, preset=self.preset, kappa=self.kappa, shac=shac, ppo=ppo,
+                         budget_s=self.budget_s, preset=self.preset, dynamics=self.dynamics, shac=shac, ppo=ppo,
                          eval_phases=self.eval_phases, eval_seeds=tuple(self.eval_seeds),
                          eval_seconds=self.eval_seconds, device=self.device)
 

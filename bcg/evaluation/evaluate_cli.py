@@ -8,7 +8,6 @@ with other options never replaces earlier results; an existing ``metrics.json`` 
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import sys
@@ -69,15 +68,13 @@ def policy_env_kwargs(policy: Any) -> dict[str, Any]:
     """The replay env's keyword arguments that a policy file fixes: its action map, and the dynamics options it was
     trained with (None: the env's default), i.e. the contact parameters of our simulator's replay and the substep and
     substep count, hence the control rate, of both simulators, and the reference it tracked (its joint margin)."""
-    from bcg.envs.config import DYNAMICS_PARAMS, REFERENCE_FIELDS
+    from bcg.envs.config import REFERENCE_FIELDS, Dynamics
 
     env_kwargs: dict[str, Any] = {"action_scale": policy.action_scale.detach().cpu().double().numpy(),
                                   "action_offset": policy.action_offset}
-    casts = {**{key: cast for key, (_, cast) in DYNAMICS_PARAMS.items()}, **dict.fromkeys(REFERENCE_FIELDS, float)}
-    for key, cast in casts.items():
-        value = policy.meta.get("env", {}).get(key)
-        if value is not None:
-            env_kwargs[key] = cast(value)
+    recorded = policy.meta.get("env", {})
+    env_kwargs["dynamics"] = Dynamics.from_mapping(recorded)
+    env_kwargs.update({key: float(recorded[key]) for key in REFERENCE_FIELDS if recorded.get(key) is not None})
     return env_kwargs
 
 
@@ -142,10 +139,9 @@ class Evaluate:
     def default_out_dir(self, eval_dir: Path, motion: str) -> Path:
         """``eval_dir/CLIP`` with the default options, ``eval_dir/CLIP-HASH`` (8 hex digits of the options and the
         clip) otherwise; ``reference-`` before CLIP for the baseline."""
-        fields = dataclasses.fields(self.protocol)
-        chosen = {f.name: getattr(self.protocol, f.name) for f in fields}
         name = ("reference-" if self.source == REFERENCE else "") + Path(motion).stem
-        if any(chosen[f.name] != f.default for f in fields):
+        if self.protocol != TransferOptions():
+            chosen = self.protocol.digest_fields()
             digest = hashlib.sha256(json.dumps({**chosen, "motion": motion}, sort_keys=True).encode()).hexdigest()
             name += f"-{digest[:8]}"
         return eval_dir / name

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from bcg.envs.dynamics import Dynamics
 from bcg.sim import ContactParams
 
 __all__ = ["EstimatorRun", "PeakMemory", "TrackingPolicy", "VarianceStudy", "WindowSet", "bootstrap_summed_variance",
@@ -52,8 +53,8 @@ class VarianceStudy:
     clip: str = "jump"
     """Reference clip of the environment: ``run``, ``jump``, ``fight``, ``dance`` (``BCG-G1-<Clip>-v0``) or the path
     of a motion file (``.npz`` / ``.csv``, as ``bcg train --motion``)."""
-    kappa: float = ContactParams.kappa
-    """Contact stiffness of the simulator [1/m]."""
+    dynamics: Dynamics = Dynamics()
+    """The simulator's dynamics (:class:`bcg.envs.Dynamics`; :attr:`kappa` is its contact stiffness, default 300)."""
     num_envs: int = 64
     """E, environments (start states) per seed; the variance is taken across them."""
     window: int = 32
@@ -92,9 +93,14 @@ class VarianceStudy:
             raise ValueError(f"seeds must be a non-empty tuple of distinct ints, got {self.seeds!r}")
         if not (0.0 < self.confidence < 1.0):
             raise ValueError(f"confidence must lie in (0, 1), got {self.confidence!r}")
-        if self.zo_sigma <= 0 or self.zo_rounds < 0 or self.theta_std < 0 or self.kappa <= 0:
-            raise ValueError("zo_sigma and kappa must be > 0, zo_rounds and theta_std >= 0; got "
-                             f"{self.zo_sigma!r}, {self.kappa!r}, {self.zo_rounds!r}, {self.theta_std!r}")
+        if self.zo_sigma <= 0 or self.zo_rounds < 0 or self.theta_std < 0:
+            raise ValueError("zo_sigma must be > 0, zo_rounds and theta_std >= 0; got "
+                             f"{self.zo_sigma!r}, {self.zo_rounds!r}, {self.theta_std!r}")
+
+    @property
+    def kappa(self) -> float:
+        """The contact stiffness of the study [1/m]: ``dynamics.kappa``, else the simulator's default."""
+        return float(self.dynamics.kappa if self.dynamics.kappa is not None else ContactParams.kappa)
 
 
 # -------------------------------------------------------------------------------------------- environment, policy
@@ -509,10 +515,13 @@ def run_study(study: VarianceStudy, estimators: Sequence[str] = ("bptt", "grs", 
 
 
 def study_dict(study: VarianceStudy) -> dict[str, Any]:
-    """The study's fields as a JSON-ready dict, with the sha256 of the clip's file (``clip_sha256``)."""
+    """The study's fields as a JSON-ready dict (the stiffness as ``kappa``), with the sha256 of the clip's file
+    (``clip_sha256``)."""
     from bcg.motion.formats import motion_sha256
 
     d = dataclasses.asdict(study)
+    d.pop("dynamics")
+    d["kappa"] = study.kappa  # the layout of studies written before the dynamics were one option group
     d["seeds"] = list(study.seeds)
     d["clip_sha256"] = motion_sha256(study.clip)
     return d

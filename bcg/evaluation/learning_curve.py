@@ -20,7 +20,7 @@ import csv
 import hashlib
 import json
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -74,7 +74,7 @@ def curve_dir(run_dir: Path, motion: str, options: TransferOptions) -> Path:
     """``RUN/eval/curve-CLIP`` with the default transfer options, ``RUN/eval/curve-CLIP-HASH`` otherwise."""
     name = "curve-" + Path(motion).stem
     if options != TransferOptions():
-        digest = hashlib.sha256(json.dumps({**asdict(options), "motion": motion}, sort_keys=True).encode())
+        digest = hashlib.sha256(json.dumps({**options.digest_fields(), "motion": motion}, sort_keys=True).encode())
         name += f"-{digest.hexdigest()[:8]}"
     return run_dir / "eval" / name
 

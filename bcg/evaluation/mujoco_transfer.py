@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
+from bcg.envs.dynamics import Dynamics
 from bcg.evaluation.mujoco_loop import MujocoLoop
 from bcg.evaluation.tracking_metrics import ERROR_NAMES, TrackingMetrics, anchor_index, step_errors, summarize
 from bcg.evaluation.transfer_protocol import TransferOptions
@@ -175,7 +176,8 @@ def make_env(motion: Any, num_envs: int, *, simulator: Literal["mujoco", "bcg"],
              **env_kwargs: Any) -> G1TrackingVectorEnv:
     """The replay env: no autoreset, no randomisation, no gradients, episodes end only at a fall, an unstable state, the
     clip's end or after ``seconds``; ``simulator="mujoco"`` puts a :class:`MujocoTransition` behind it, ``"bcg"``
-    keeps our simulator (wrapped in :class:`FrozenRows`). ``env_kwargs`` go to the env (``kappa``, ``action_scale``)."""
+    keeps our simulator (wrapped in :class:`FrozenRows`). ``env_kwargs`` go to the env (``dynamics``,
+    ``action_scale``)."""
     from bcg.envs import G1TrackingVectorEnv
 
     if simulator not in ("mujoco", "bcg"):
@@ -288,13 +290,15 @@ def replay(policy: Any, motion: Any, options: TransferOptions = TransferOptions(
         options: phases, seeds, episode length, initial noise (:class:`TransferOptions`).
         simulator: ``"mujoco"`` (C MuJoCo behind the env) or ``"bcg"`` (our simulator).
         progress: show a tqdm progress bar over the control steps.
-        env_kwargs: further env options (``kappa``, ``action_scale``); ``options.kappa`` fills ``kappa``.
+        env_kwargs: further env options (``dynamics``, ``action_scale``); the fields set in ``options.dynamics``
+            replace the same fields of ``env_kwargs["dynamics"]``.
         transition_wrapper: ``wrap(transition_fn) -> transition_fn`` put around the simulator's transition function
             (it must forward the ``active`` attribute), e.g. :class:`bcg.evaluation.sim_gap.RecordingTransition`.
     """
     kw = dict(env_kwargs or {})
-    if options.kappa is not None:
-        kw["kappa"] = options.kappa
+    chosen = {k: v for k, v in options.dynamics.as_dict().items() if v is not None}
+    if chosen:
+        kw["dynamics"] = dataclasses.replace(kw.get("dynamics", Dynamics()), **chosen)
     E, K = options.num_episodes, options.phases
     env = make_env(motion, E, simulator=simulator, seconds=options.seconds, **kw)
     if transition_wrapper is not None:

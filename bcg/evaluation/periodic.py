@@ -21,12 +21,12 @@ def policy_evaluator(cfg: TrainConfig) -> Callable[[Any], dict[str, float]]:
     replay`, the protocol of `bcg evaluate`, without gradients and with the run's dynamics and action map).
     Columns: ``eval_tracking_error_cm`` [cm], ``eval_fall_rate`` (fraction), ``eval_episode_s`` [s]."""
     from bcg.agents.export import ExportedPolicy
-    from bcg.envs.config import DYNAMICS_FIELDS, REFERENCE_FIELDS
+    from bcg.envs.config import REFERENCE_FIELDS
     from bcg.evaluation.mujoco_transfer import TransferOptions, replay
 
     env_cfg = cfg.env_config()
     options = TransferOptions(phases=cfg.eval_episodes, seeds=(0,), seconds=float(cfg.eval_seconds))
-    kwargs = {k: getattr(env_cfg, k) for k in ("action_offset", "action_scale", *DYNAMICS_FIELDS, *REFERENCE_FIELDS)
+    kwargs = {k: getattr(env_cfg, k) for k in ("action_offset", "action_scale", "dynamics", *REFERENCE_FIELDS)
               if getattr(env_cfg, k) is not None}
 
     def evaluate(agent: Any) -> dict[str, float]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from bcg.envs.dynamics import Dynamics
 from bcg.evaluation.compare import GridOptions
 from bcg.evaluation.report import pyplot, save_figure, style_axis
 
@@ -74,7 +75,7 @@ class StudyStiffness(GridOptions):
             ppo = (("num_envs", self.ppo_num_envs),) if self.ppo_num_envs else ()
             jobs = [j for k in self.kappas for j in make_jobs(
                 [self.method], [self.motion], self.seeds, self.out / "runs", iterations=self.iterations,
-                budget_s=self.budget_s, preset=self.preset, kappa=float(k), shac=shac, ppo=ppo,
+                budget_s=self.budget_s, preset=self.preset, dynamics=Dynamics(kappa=float(k)), shac=shac, ppo=ppo,
                 eval_phases=self.eval_phases, eval_seeds=tuple(self.eval_seeds), eval_seconds=self.eval_seconds)]
         except ValueError as exc:
             print(f"bcg study stiffness: error: {exc}", file=sys.stderr)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bcg.envs.dynamics import Dynamics
 from bcg.evaluation.report import pyplot, save_figure, style_axis
 from bcg.sim import ContactParams
 
@@ -96,7 +97,7 @@ class StudyVariance:
             return self._run_over_training()
         try:
             check_estimator_specs(tuple(self.estimators))
-            studies = [VarianceStudy(clip=c, kappa=float(k), num_envs=self.num_envs, window=int(w),
+            studies = [VarianceStudy(clip=c, dynamics=Dynamics(kappa=float(k)), num_envs=self.num_envs, window=int(w),
                                      seeds=tuple(self.seeds), theta_std=self.theta_std, bootstrap=self.bootstrap,
                                      confidence=self.confidence, zo_rounds=self.zo_rounds, device=self.device)
                        for c in self.clips for k in self.kappas for w in self.windows]
@@ -156,7 +157,7 @@ class StudyVariance:
                 cp = CheckpointPolicy(policy)
                 theta0 = cp.initial_theta(self.num_envs).to(env.device)
                 for w in self.windows:
-                    st = VarianceStudy(clip=clip, kappa=kappa, num_envs=self.num_envs, window=int(w),
+                    st = VarianceStudy(clip=clip, dynamics=Dynamics(kappa=kappa), num_envs=self.num_envs, window=int(w),
                                        seeds=tuple(self.seeds), bootstrap=self.bootstrap, confidence=self.confidence,
                                        zo_rounds=0, device=self.device)
                     t0 = time.perf_counter()

@@ -9,9 +9,14 @@ same defaults and checks. This module imports nothing heavy, so that the command
 
 from __future__ import annotations
 
+import dataclasses
 import math
-import numbers
 from dataclasses import dataclass
+from typing import Any
+
+import tyro
+
+from bcg.envs.dynamics import Dynamics
 
 __all__ = ["TransferOptions"]
 
@@ -28,8 +33,9 @@ class TransferOptions:
     """Longest episode [s] (None: to the clip's end)."""
     joint_noise: float = 0.02
     """Half-width of the uniform initial joint-angle noise [rad] (0: every seed starts exactly on the reference)."""
-    kappa: float | None = None
-    """Contact stiffness of our simulator's replay [1/m] (None: the policy's, else the env's default)."""
+    dynamics: tyro.conf.OmitArgPrefixes[Dynamics] = Dynamics()
+    """Dynamics of the replay that replace the policy's (each None: the policy's, else the simulator's default); e.g.
+    --kappa sets our simulator's contact stiffness, --substeps / --sim-dt both simulators' control step."""
 
     def __post_init__(self) -> None:
         if isinstance(self.phases, bool) or int(self.phases) != self.phases or self.phases < 1:
@@ -40,9 +46,16 @@ class TransferOptions:
             raise ValueError(f"seconds must be a finite value > 0 or None, got {self.seconds!r}")
         if not (math.isfinite(self.joint_noise) and self.joint_noise >= 0):
             raise ValueError(f"joint_noise must be a finite value >= 0 [rad], got {self.joint_noise!r}")
-        if self.kappa is not None and not (isinstance(self.kappa, numbers.Real) and math.isfinite(self.kappa)
-                                           and self.kappa > 0):
-            raise ValueError(f"kappa must be a finite number > 0 [1/m] or None, got {self.kappa!r}")
+        if not isinstance(self.dynamics, Dynamics):
+            raise TypeError(f"dynamics must be a bcg.envs.Dynamics, got {type(self.dynamics).__name__}")
+
+    def digest_fields(self) -> dict[str, Any]:
+        """The options as a flat dict for the names of evaluation folders: every field, the dynamics' stiffness as
+        ``kappa`` and its other fields only when set (the layout from before the dynamics were one option group, so
+        that folders written then keep their names)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "dynamics"}
+        dyn = self.dynamics.as_dict()
+        return {**d, "kappa": dyn.pop("kappa"), **{k: v for k, v in dyn.items() if v is not None}}
 
     @property
     def num_episodes(self) -> int:

@@ -1,0 +1,58 @@
+"""Each option of the simulator's dynamics is declared once, in :class:`bcg.envs.Dynamics`, and reaches every
+command and file through it (read from the source, and through the parsers and the stored configs)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from bcg.envs.dynamics import DYNAMICS_FIELDS, Dynamics
+
+PACKAGE = Path(__file__).resolve().parents[1] / "bcg"
+
+RANGES = {("DomainRandomization", "contact_beta")}
+"""Fields of the same name that are something else: domain randomisation's contact_beta is the range U(lo, hi) of the
+per-environment draw, not a value of the simulator."""
+
+
+def _declarations(root: Path) -> list[tuple[str, str, str]]:
+    """(file, class, field) of every class-level annotated field named like a dynamics option, outside bcg/sim (the
+    simulator's own ContactParams holds the physical values those options override)."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] == "sim":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef):
+                out.extend((path.relative_to(root).as_posix(), node.name, st.target.id) for st in node.body
+                           if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)
+                           and st.target.id in DYNAMICS_FIELDS and (node.name, st.target.id) not in RANGES)
+    return out
+
+
+def test_the_dynamics_are_declared_once() -> None:
+    assert sorted(_declarations(PACKAGE)) == sorted(("envs/dynamics.py", "Dynamics", f) for f in DYNAMICS_FIELDS)
+
+
+def test_the_rule_catches_a_second_declaration(tmp_path: Path) -> None:
+    (tmp_path / "envs").mkdir()
+    (tmp_path / "envs" / "dynamics.py").write_text("class Dynamics:\n    kappa: float = 1.0\n")
+    (tmp_path / "evaluation.py").write_text("class Options:\n    kappa: float | None = None\n")
+    assert ("evaluation.py", "Options", "kappa") in _declarations(tmp_path)
+
+
+def test_every_command_takes_the_flat_flags_and_old_runs_read_back() -> None:
+    from bcg.agents.train_config import config_from_dict, config_to_dict, parse_train_args
+    from bcg.cli import COMMANDS
+    from bcg.parsing import parse_command
+
+    cfg = parse_train_args(["--kappa", "150", "--substeps", "2", "--sim-dt", "0.01", "--contact-beta", "0.3"])
+    assert cfg.env_config().dynamics == Dynamics(kappa=150.0, substeps=2, sim_dt=0.01, contact_beta=0.3)
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+    # a run written when the dynamics were flat options of its config
+    flat = {k: v for k, v in config_to_dict(cfg).items() if k != "dynamics"}
+    assert config_from_dict({**flat, "kappa": 150.0, "substeps": 2, "sim_dt": 0.01, "contact_beta": 0.3}) == cfg
+    evaluate = parse_command(COMMANDS["evaluate"], ["RUN", "--kappa", "500"], prog="bcg evaluate")
+    assert evaluate.protocol.dynamics == Dynamics(kappa=500.0)
+    compare = parse_command(COMMANDS["compare"], ["--kappa", "50"], prog="bcg compare")
+    assert {job.dynamics for job in compare.jobs()} == {Dynamics(kappa=50.0)}
