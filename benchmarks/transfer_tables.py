@@ -23,9 +23,14 @@ from typing import Any
 LEVERS: tuple[str, ...] = ("domain_randomization", "adaptive_start", "adaptive_start_credit",
                            "termination_anchor_height", "termination_gravity_z", "termination_end_effector_height",
                            "replay_threshold",
-                           "action_scale_torque", "soft_contact_timeconst", "contact_beta", "contact_randomization",
-                           "torque_limit_randomization")
-"""TrainConfig fields a run of this table may set apart from `bcg train`'s defaults."""
+                           "action_scale_torque", "kappa", "soft_contact_timeconst", "contact_beta",
+                           "contact_randomization", "torque_limit_randomization", "reference_joint_margin")
+"""TrainConfig fields (or fields of its dynamics) a run of this table may set apart from `bcg train`'s defaults."""
+
+
+def _option(cfg: Any, key: str) -> Any:
+    """TrainConfig's ``key``, or its dynamics' (where --kappa, --contact-beta, ... land)."""
+    return getattr(cfg, key) if hasattr(cfg, key) else getattr(cfg.dynamics, key)
 
 
 def settings(cfg_dict: dict[str, Any]) -> str:
@@ -36,10 +41,10 @@ def settings(cfg_dict: dict[str, Any]) -> str:
     cfg = config_from_dict(cfg_dict)
     default = default_config(cfg.agent, cfg.preset)
     parts = ["--agent ppo"] if cfg.agent == "ppo" else [f"--estimator {cfg.estimator.name}"]
-    changed = [key for key in LEVERS if getattr(cfg, key) != getattr(default, key)]
+    changed = [key for key in LEVERS if _option(cfg, key) != _option(default, key)]
     terminations = [key for key in changed if key.startswith("termination_") and getattr(cfg, key) is None]
     for key in changed:
-        value, flag = getattr(cfg, key), "--" + key.replace("_", "-")
+        value, flag = _option(cfg, key), "--" + key.replace("_", "-")
         if key in terminations and len(terminations) == 3:
             if key == terminations[0]:
                 parts.append("--termination-{anchor-height,gravity-z,end-effector-height} None")
