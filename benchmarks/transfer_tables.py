@@ -8,7 +8,7 @@ episodes through the whole clip, in MuJoCo and in our simulator). The checkpoint
     python benchmarks/transfer_tables.py --write docs/shac.md README.md          # replace them in the docs
 
 ``--write`` replaces the text between ``<!-- transfer_tables:NAME -->`` and ``<!-- /transfer_tables:NAME -->`` in
-each file by table NAME (runs, ablation, methods, defaults, jump); a file without a marker is left as it is.
+each file by table NAME (runs, ablation, methods, defaults, jump, spinkarate); a file without a marker is left as it is.
 """
 
 from __future__ import annotations
@@ -146,6 +146,16 @@ JUMP_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 """What was tried on the jump's landings, where MuJoCo's softer contact and ours part."""
 
 
+SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("default (3600 s), before the bundle-gradient correction", ("def60-bcg-spinkarate-credit-s0",
+                                                                   "def60-bcg-spinkarate-credit-s1")),
+    ("default (3600 s)", ("hd60-bcg-spinkarate-s0",)),
+    ("--torque-limit-randomization (3600 s)", ("hd60-bcg-spinkarate-tlr-s0",)),
+    ("--reference-joint-margin 0.05 (3600 s)", ("hd60-bcg-spinkarate-m05-s0",)),
+)
+"""What was tried on SpinKarate's transfer gap (saturated ankles, an ankle roll held at its stop by the clip)."""
+
+
 def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: str) -> str:
     """One row per group of runs (seeds): MuJoCo falls summed over seeds and episodes, mean episode and E_track
     averaged over seeds (with each seed's value), samples; a group shows the runs of it that are kept."""
@@ -179,6 +189,7 @@ def tables(root: Path) -> dict[str, tuple[str, str]]:
         "methods_jump": ("Methods, jump clip, 3600 s", grouped(root, METHODS_JUMP, "method")),
         "defaults": ("`bcg train` default, per clip", grouped(root, DEFAULTS, "clip")),
         "jump": ("The jump's landings", grouped(root, JUMP_LEVERS, "jump, SHAC+BCG")),
+        "spinkarate": ("SpinKarate's transfer gap", grouped(root, SPINKARATE_LEVERS, "SpinKarate, SHAC+BCG")),
     }
 
 
