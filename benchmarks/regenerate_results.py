@@ -38,7 +38,8 @@ METHOD_RUNS: tuple[str, ...] = (
 default (a failure credited to the end of its episode) and of today's are labelled apart by the study."""
 
 STIFFNESS_RUNS: tuple[str, ...] = (
-    "k50-bcg-dance-s0", "k50-bcg-dance-s1", "k100-bcg-dance-s0", "def-bcg-dance-s0", "def-bcg-dance-s1",
+    "k50-bcg-dance-s0", "k50-bcg-dance-s1", "k100-bcg-dance-s0", "k100-bcg-dance-s1", "def-bcg-dance-s0",
+    "def-bcg-dance-s1",
     "k1000-bcg-dance-s0", "k1000-bcg-dance-s1",
 )
 """SHAC+BCG on the dance, 1200 s, at kappa = 50, 100, 300 (the default runs) and 1000."""
