@@ -34,8 +34,8 @@ class TransferOptions:
     joint_noise: float = 0.02
     """Half-width of the uniform initial joint-angle noise [rad] (0: every seed starts exactly on the reference)."""
     dynamics: tyro.conf.OmitArgPrefixes[Dynamics] = Dynamics()
-    """Dynamics of the replay that replace the policy's (each None: the policy's, else the simulator's default); e.g.
-    --kappa sets our simulator's contact stiffness, --substeps / --sim-dt both simulators' control step."""
+    """Dynamics of the replay that replace the policy's (each None: the policy's, else the simulator's default), for
+    example our simulator's contact stiffness (kappa) or both simulators' control step (substeps, sim_dt)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.phases, bool) or int(self.phases) != self.phases or self.phases < 1:
