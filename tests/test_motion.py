@@ -227,6 +227,19 @@ def test_a_joint_margin_keeps_the_clip_inside_its_ranges_and_leaves_the_rest(mod
         m.inside_joint_limits(-0.1)
 
 
+def test_the_report_counts_frames_held_at_a_joint_stop(model):
+    from bcg.motion.formats import joint_ranges
+
+    q = _synthetic(20)
+    lo = joint_ranges()[5, 0]  # left ankle roll
+    q[4:10, 7 + 5] = lo + 0.005  # six of 20 frames within 0.01 rad of the stop
+    q[12, 7 + 5] = lo + 0.02  # near, not at it
+    report = validate_motion(Motion.from_qpos(q, 1 / 30, model=model))
+    assert report.at_stop_fraction == pytest.approx(0.3) and report.at_stop_joint_fraction == pytest.approx(0.3)
+    assert report.at_stop_joint == "left_ankle_roll_joint" and "frames at a joint stop" in str(report)
+    assert validate_motion(Motion.from_qpos(_synthetic(20), 1 / 30, model=model)).at_stop_fraction == 0.0
+
+
 def test_too_short(tmp_path, model):
     q = _synthetic(10)
     path = _write_csv(tmp_path / "short.csv", q)

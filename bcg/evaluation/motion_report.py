@@ -14,7 +14,10 @@ from bcg.motion.resample import finite_difference_qvel
 from bcg.motion.rotations import yaw_np
 from bcg.robots.g1 import NOMINAL_SPEEDS
 
-__all__ = ["JOINT_SPEED_LIMITS", "MotionReport", "validate_motion"]
+__all__ = ["AT_STOP", "JOINT_SPEED_LIMITS", "MotionReport", "validate_motion"]
+
+AT_STOP = 0.01
+"""A joint this close [rad] to an end of its range counts as at its stop (:attr:`MotionReport.at_stop_fraction`)."""
 
 JOINT_SPEED_LIMITS: np.ndarray = NOMINAL_SPEEDS
 """(29,) [rad/s]: nominal joint speeds of the G1 actuators (:data:`bcg.robots.g1.NOMINAL_SPEEDS`), against which a
@@ -33,6 +36,12 @@ class MotionReport:
     """Number of (frame, joint) values outside the MJCF range by more than 1e-6 rad (none allowed)."""
     max_joint_limit_excess: float
     """Largest excess over a joint range [rad] (0 when inside)."""
+    at_stop_fraction: float
+    """Fraction of frames in which some joint is within :data:`AT_STOP` of an end of its range (a clip held at a stop;
+    ``bcg train --reference-joint-margin`` keeps the reference off it)."""
+    at_stop_joint: str
+    """The joint most often at a stop, and :attr:`at_stop_joint_fraction` the fraction of frames it is."""
+    at_stop_joint_fraction: float
     max_stance_slide: float
     """Largest horizontal drift of a contact sphere over one contiguous contact interval [m] (allowed < 0.02)."""
     num_stances: int
@@ -69,6 +78,8 @@ class MotionReport:
             f"motion {self.name}: {self.num_frames} frames, {self.duration:.2f} s at {1 / self.dt:.0f} Hz  [{ok}]",
             f"  {'joint-limit violations':34s} {self.joint_limit_violations:d} (max excess "
             f"{self.max_joint_limit_excess:.2e} rad; none allowed)",
+            f"  {'frames at a joint stop':34s} {100 * self.at_stop_fraction:.1f}% (within {AT_STOP} rad; most: "
+            f"{self.at_stop_joint} {100 * self.at_stop_joint_fraction:.1f}%)",
             f"  {'stance-foot sliding, max':34s} {100 * self.max_stance_slide:.2f} cm over {self.num_stances} "
             "stances (limit 2 cm)",
             f"  {'ground penetration, max':34s} {1000 * self.max_penetration:.2f} mm (limit 5 mm)",
@@ -123,11 +134,15 @@ def validate_motion(motion: Motion, contact_height: float = 0.01) -> MotionRepor
     vxy = np.linalg.norm(qd[:, :2], axis=-1)
     yaw = np.unwrap(yaw_np(q[:, 3:7]))
     viol = int((excess > 1e-6).sum())
+    at_stop = excess > -AT_STOP  # [T, 29]: within AT_STOP of an end of the range (or past it)
+    worst = int(np.argmax(at_stop.mean(0)))
     pen = float(max(0.0, -bottom.min()))
     passed = viol == 0 and slide < 0.02 and pen < 0.005
     return MotionReport(
         name=motion.name, num_frames=motion.num_frames, duration=motion.duration, dt=motion.dt,
         joint_limit_violations=viol, max_joint_limit_excess=float(max(0.0, excess.max())),
+        at_stop_fraction=float(at_stop.any(1).mean()), at_stop_joint=JOINT_NAMES[worst],
+        at_stop_joint_fraction=float(at_stop[:, worst].mean()),
         max_stance_slide=slide, num_stances=stances, max_penetration=pen,
         peak_joint_speed=float(speed[j]), peak_joint_speed_name=JOINT_NAMES[j],
         peak_speed_ratio=float(ratio.max()),
