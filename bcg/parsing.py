@@ -6,8 +6,8 @@ nothing, then builds the real class from the parsed fields: a refused value reac
 exception itself, which prints it as one line (``bcg COMMAND: error: ...``). A field whose default is itself a
 checked dataclass (an option group such as ``bcg evaluate``'s replay protocol, or the dynamics inside it) is parsed
 the same way, at any depth, its checks run when the real object is built; a command without checks of its own but
-with such a group goes through the same path. tyro's own usage errors (unknown flag, a value of the wrong type) and the checks of
-nested dataclasses without such a default (e.g. ``--shac.*``) are still tyro's to report.
+with such a group goes through the same path. tyro's own usage errors (unknown flag, a value of the wrong type) and
+the checks of nested dataclasses without such a default (e.g. ``--shac.*``) are still tyro's to report.
 """
 
 from __future__ import annotations
