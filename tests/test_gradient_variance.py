@@ -110,6 +110,8 @@ def test_statistics() -> None:
         make_study_env("walk", 300.0, 2)
     with pytest.raises(ValueError, match="num_envs"):
         VarianceStudy(num_envs=1)
+    with pytest.raises(ValueError, match="its dynamics may set kappa only"):
+        VarianceStudy(dynamics=Dynamics(kappa=100.0, substeps=2))  # the study's env would ignore the substeps
 
 
 def test_zeroth_order_reference_points_along_the_autograd_gradient(jump) -> None:

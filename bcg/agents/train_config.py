@@ -295,7 +295,7 @@ class TrainConfig:
 
     def env_config(self) -> EnvConfig:
         """The :class:`~bcg.envs.EnvConfig` of the run (differentiable for SHAC)."""
-        from bcg.envs.config import LAYER_FIELDS, EnvConfig
+        from bcg.envs.config import LAYER_FIELDS, REFERENCE_FIELDS, EnvConfig
 
         preset = ENV_PRESETS[self.preset]
         offset = preset["action_offset"] if self.action_offset is None else self.action_offset
@@ -308,8 +308,7 @@ class TrainConfig:
         return EnvConfig(motion_file=self.motion, dynamics=self.dynamics, device=self.device,
                          differentiable=self.agent == "shac", domain_randomization=self._randomization(),
                          max_episode_steps=self.max_episode_steps, action_offset=offset, action_scale=scale,
-                         reference_joint_margin=self.reference_joint_margin,
-                         **{name: getattr(self, name) for name in LAYER_FIELDS})
+                         **{name: getattr(self, name) for name in (*LAYER_FIELDS, *REFERENCE_FIELDS)})
 
     def _randomization(self) -> bool | DomainRandomization:
         """EnvConfig.domain_randomization: the flag, or the ranges with the contact draws added."""

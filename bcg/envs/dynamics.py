@@ -58,11 +58,14 @@ class Dynamics:
             raise ValueError(f"soft_contact_timeconst must be at least twice the physics substep ({2 * h:g} s), got "
                              f"{self.soft_contact_timeconst!r}")
 
+    def chosen(self) -> dict[str, Any]:
+        """``{field: value}`` of the fields that are set (not None)."""
+        return {name: value for name, value in self.as_dict().items() if value is not None}
+
     def sim_params(self) -> dict[str, Any]:
         """The :func:`bcg.sim.load_model` parameters of the fields that are set (the others keep the simulator's
         defaults)."""
-        return {param: cast(getattr(self, name)) for name, (param, cast) in DYNAMICS_PARAMS.items()
-                if getattr(self, name) is not None}
+        return {DYNAMICS_PARAMS[name][0]: DYNAMICS_PARAMS[name][1](value) for name, value in self.chosen().items()}
 
     def as_dict(self) -> dict[str, Any]:
         """``{field: value}``, None where unset (the layout of a policy file's ``meta["env"]``)."""

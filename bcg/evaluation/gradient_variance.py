@@ -93,6 +93,9 @@ class VarianceStudy:
             raise ValueError(f"seeds must be a non-empty tuple of distinct ints, got {self.seeds!r}")
         if not (0.0 < self.confidence < 1.0):
             raise ValueError(f"confidence must lie in (0, 1), got {self.confidence!r}")
+        if set(self.dynamics.chosen()) - {"kappa"}:
+            raise ValueError("a variance study is measured at a contact stiffness: its dynamics may set kappa only, "
+                             f"got {self.dynamics}")
         if self.zo_sigma <= 0 or self.zo_rounds < 0 or self.theta_std < 0:
             raise ValueError("zo_sigma must be > 0, zo_rounds and theta_std >= 0; got "
                              f"{self.zo_sigma!r}, {self.zo_rounds!r}, {self.theta_std!r}")

@@ -32,7 +32,6 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import torch
 
-from bcg.envs.dynamics import Dynamics
 from bcg.evaluation.mujoco_loop import MujocoLoop
 from bcg.evaluation.tracking_metrics import ERROR_NAMES, TrackingMetrics, anchor_index, step_errors, summarize
 from bcg.evaluation.transfer_protocol import TransferOptions
@@ -295,10 +294,8 @@ def replay(policy: Any, motion: Any, options: TransferOptions = TransferOptions(
         transition_wrapper: ``wrap(transition_fn) -> transition_fn`` put around the simulator's transition function
             (it must forward the ``active`` attribute), e.g. :class:`bcg.evaluation.sim_gap.RecordingTransition`.
     """
-    kw = dict(env_kwargs or {})
-    chosen = {k: v for k, v in options.dynamics.as_dict().items() if v is not None}
-    if chosen:
-        kw["dynamics"] = dataclasses.replace(kw.get("dynamics", Dynamics()), **chosen)
+    # flat keywords: the env puts them into the dynamics it is given (EnvConfig.from_kwargs)
+    kw = {**(env_kwargs or {}), **options.dynamics.chosen()}
     E, K = options.num_episodes, options.phases
     env = make_env(motion, E, simulator=simulator, seconds=options.seconds, **kw)
     if transition_wrapper is not None:

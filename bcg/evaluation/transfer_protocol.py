@@ -54,8 +54,7 @@ class TransferOptions:
         ``kappa`` and its other fields only when set (the layout from before the dynamics were one option group, so
         that folders written then keep their names)."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "dynamics"}
-        dyn = self.dynamics.as_dict()
-        return {**d, "kappa": dyn.pop("kappa"), **{k: v for k, v in dyn.items() if v is not None}}
+        return {**d, "kappa": self.dynamics.kappa, **self.dynamics.chosen()}
 
     @property
     def num_episodes(self) -> int:
