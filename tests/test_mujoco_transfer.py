@@ -150,7 +150,7 @@ def test_metrics_of_kinematic_replay_are_zero():
         c = torch.zeros(len(q), 8)
         return env.motion.qpos[f].to(q), env.motion.qvel[f].to(qd), ContactReport(c, c, c), {}
 
-    env.transition_fn.inner = kinematic
+    env.transition_fn = kinematic
     env.reset(seed=0)
     env.load_state(start_state(env, torch.tensor([0, 300])))
     from bcg.evaluation.tracking_metrics import anchor_index, step_errors
@@ -219,6 +219,32 @@ def test_random_actions_track_much_worse(replays, sim):
     assert rnd.falls >= 2
     r = replays["random", sim]
     assert (r.length[r.fell] < 50).all() and (r.mask.sum(0) == r.length).all()
+
+
+class RowCounter:
+    """A transition wrapper that records how many rows each control step advances."""
+
+    def __init__(self, inner):
+        self.inner, self.rows = inner, []
+
+    def __call__(self, model, q, qd, targets, physics=None, *, env_ids, memory=None):
+        self.rows.append(sorted(env_ids.tolist()))
+        return self.inner(model, q, qd, targets, physics, env_ids=env_ids, memory=memory)
+
+    def qpos64(self):
+        return self.inner.qpos64()
+
+
+@pytest.mark.parametrize("sim", ["bcg", "mujoco"])
+def test_finished_episodes_are_not_stepped_and_stay_still(sim):
+    counters = []
+    r = replay(RandomPolicy(), "run", RAND_OPTS, simulator=sim,
+               transition_wrapper=lambda fn: counters.append(RowCounter(fn)) or counters[-1])
+    assert len(set(r.length.tolist())) > 1  # episodes end at different steps
+    # each step advances exactly the episodes still running, in either simulator
+    assert counters[0].rows == [np.nonzero(m)[0].tolist() for m in r.mask]
+    for e, n in enumerate(r.length):
+        assert (r.qpos[n + 1:, e] == r.qpos[n, e]).all()  # where it ended, with no autoreset
 
 
 def test_report_json_and_markdown():

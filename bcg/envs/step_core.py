@@ -56,6 +56,11 @@ class StepResult(NamedTuple):
     fused: StepOutputs | None
     """The one-launch outputs (observation, done, counts) when that path ran, else None."""
 
+    def observation(self, observer: Callable[[Features, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """The noise-free observation [M, obs_dim] of the next state: the one-launch path's, else ``observer``'s of
+        the simulated features (the env's ``observer``)."""
+        return self.fused.obs if self.fused is not None else observer(self.features, self.state.frame)
+
 
 class TrackingCore:
     """One control step of any batch of rows of a tracking env (see the module).

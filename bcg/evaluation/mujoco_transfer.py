@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from bcg.envs import EnvState, G1TrackingVectorEnv
     from bcg.sim import Physics, SimModel
 
-__all__ = ["FrozenRows", "MujocoTransition", "ReferenceReplayPolicy", "Rollout", "TransferOptions",
+__all__ = ["MujocoTransition", "ReferenceReplayPolicy", "Rollout", "TransferOptions",
            "TransferReport", "evaluate_transfer", "make_env", "render_video", "replay", "start_state"]
 
 Policy = Callable[[torch.Tensor], torch.Tensor]
@@ -62,14 +62,13 @@ class MujocoTransition:
     step token in its transition memory (``mujoco.token``, a serial number this function issued). A row is (re)set
     from the env's state when its token is not the one last issued for its environment (zero after a reset or a
     replaced state, an older one for a restored state, none at the first step) or when the env changed its velocity
-    since (a push); otherwise MuJoCo continues from its own float64 state. Rows whose entry of :attr:`active` is False
-    are frozen: returned unchanged with zero contact.
+    since (a push); otherwise MuJoCo continues from its own float64 state. A call may advance any subset of the
+    environments, each at most once (the replay steps only the episodes still running); the others' ``MjData`` stay
+    as they are.
     """
 
     def __init__(self, num_envs: int, substeps: int = 4, timestep: float = 0.005):
         self.loop = MujocoLoop(num_envs, substeps=substeps, timestep=timestep)
-        self.active: torch.Tensor | None = None
-        """[N] bool: rows to advance (None: all)."""
         self.resets = 0
         """Rows set from the env's state so far."""
         self._tokens = torch.zeros(num_envs, dtype=torch.long)  # per environment, the token issued last (0: none)
@@ -88,9 +87,9 @@ class MujocoTransition:
             raise ValueError(f"the env steps {model.params.substeps} x {model.params.dt} s per control step, this "
                              f"MuJoCo loop {loop.substeps} x {loop.timestep} s")
         rows = env_ids.detach().cpu().numpy()
-        if len(rows) != loop.num_envs or len(np.unique(rows)) != len(rows):
-            raise ValueError(f"MujocoTransition advances each of its {loop.num_envs} environments once per step; got "
-                             f"rows {rows.tolist()[:8]} (branched states need our simulator)")
+        if len(np.unique(rows)) != len(rows) or rows.min(initial=0) < 0 or rows.max(initial=0) >= loop.num_envs:
+            raise ValueError(f"MujocoTransition advances each of its {loop.num_envs} environments at most once per step;"
+                             f" got rows {rows.tolist()[:8]} (branched states need our simulator)")
         q, qd, targets = q.detach(), qd.detach(), targets.detach()
         token = (memory or {}).get("mujoco.token")
         token = torch.zeros(len(rows), dtype=torch.long) if token is None else token.detach().cpu()
@@ -100,53 +99,22 @@ class MujocoTransition:
         if stale.any():
             loop.set_state(q[stale].cpu().double().numpy(), qd[stale].cpu().double().numpy(), rows[stale])
             self.resets += int(stale.sum())
-        act = np.ones(len(rows), dtype=bool) if self.active is None else self.active.cpu().numpy()[rows]
-        q1, qd1 = q.clone(), qd.clone()
-        nc = len(loop.sphere_geoms)
-        imp, peak = torch.zeros(len(rows), nc), torch.zeros(len(rows), nc)
-        pen = torch.zeros(len(rows), nc)  # frozen rows: no contact (their steps are not recorded)
-        if act.any():
-            out = loop.step(targets[act].cpu().double().numpy(), rows[act])
-            a = torch.as_tensor(np.nonzero(act)[0])
-            q1[a] = torch.as_tensor(out.qpos).to(q1)
-            qd1[a] = torch.as_tensor(out.qvel).to(qd1)
-            imp[a] = torch.as_tensor(out.contact.impulse, dtype=torch.float32)
-            peak[a] = torch.as_tensor(out.contact.peak_force, dtype=torch.float32)
-            pen[a] = torch.as_tensor(out.contact.penetration, dtype=torch.float32)
-        # every row is now in step with its MjData (stepped, set above, or frozen and unchanged)
+        out = loop.step(targets.cpu().double().numpy(), rows)
+        q1 = torch.as_tensor(out.qpos).to(q)
+        qd1 = torch.as_tensor(out.qvel).to(qd)
+        contact = ContactReport(*(torch.as_tensor(x, dtype=torch.float32, device=q.device)
+                                  for x in (out.contact.impulse, out.contact.peak_force, out.contact.penetration)))
+        # every row is now in step with its MjData (set above if it was not, then stepped)
         self._serial += 1
         self._tokens[rows] = self._serial
         self._last_qd[rows] = qd1.detach().cpu().to(self._last_qd.dtype)
         dev = q.device
         token_out = torch.full((len(rows),), self._serial, dtype=torch.long, device=dev)
-        return q1, qd1, ContactReport(imp.to(dev), peak.to(dev), pen.to(dev)), {"mujoco.token": token_out}
+        return q1, qd1, contact, {"mujoco.token": token_out}
 
     def qpos64(self) -> np.ndarray:
         """[N, nq] float64 positions of MuJoCo's state (the source of truth)."""
         return self.loop.qpos()
-
-
-class FrozenRows:
-    """Wraps a transition function so that rows whose :attr:`active` entry is False are returned unchanged (finished
-    episodes of a replay without autoreset stop moving in our simulator as in :class:`MujocoTransition`)."""
-
-    def __init__(self, inner: Callable[..., tuple[torch.Tensor, torch.Tensor, ContactReport]]):
-        self.inner = inner
-        self.active: torch.Tensor | None = None
-        """[N] bool: rows to advance (None: all)."""
-
-    def __call__(self, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
-                 physics: Physics | None = None, *, env_ids: torch.Tensor,
-                 memory: dict[str, torch.Tensor] | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor, ContactReport, dict[str, torch.Tensor]]:
-        q1, qd1, c, mem = self.inner(model, q, qd, targets, physics, env_ids=env_ids, memory=memory)
-        if self.active is None:
-            return q1, qd1, c, mem
-        a = self.active.to(q.device)[env_ids][:, None]
-        zero = torch.zeros_like(c.impulse)
-        return (torch.where(a, q1, q), torch.where(a, qd1, qd),
-                ContactReport(torch.where(a, c.impulse, zero), torch.where(a, c.peak_force, zero),
-                              torch.where(a, c.penetration, zero)), mem)
 
 
 # ------------------------------------------------------------------------------------------------ policies
@@ -175,7 +143,7 @@ def make_env(motion: Any, num_envs: int, *, simulator: Literal["mujoco", "bcg"],
              **env_kwargs: Any) -> G1TrackingVectorEnv:
     """The replay env: no autoreset, no randomisation, no gradients, episodes end only at a fall, an unstable state, the
     clip's end or after ``seconds``; ``simulator="mujoco"`` puts a :class:`MujocoTransition` behind it, ``"bcg"``
-    keeps our simulator (wrapped in :class:`FrozenRows`). ``env_kwargs`` go to the env (``dynamics``,
+    keeps our simulator. ``env_kwargs`` go to the env (``dynamics``,
     ``action_scale``)."""
     from bcg.envs import G1TrackingVectorEnv
 
@@ -187,8 +155,8 @@ def make_env(motion: Any, num_envs: int, *, simulator: Literal["mujoco", "bcg"],
         steps = max(1, int(round(seconds / env.control_dt)))
         env.max_episode_steps = steps
     p = env.model.params
-    env.transition_fn = (MujocoTransition(num_envs, p.substeps, p.dt) if simulator == "mujoco"
-                         else FrozenRows(env.transition_fn))
+    if simulator == "mujoco":
+        env.transition_fn = MujocoTransition(num_envs, p.substeps, p.dt)
     return env
 
 
@@ -244,7 +212,8 @@ class Rollout:
     seed: np.ndarray
     """[E] the seed of each episode."""
     qpos: np.ndarray
-    """[T + 1, E, nq] float64 robot positions from the start (MuJoCo's own float64 state for ``mujoco``)."""
+    """[T + 1, E, nq] float64 robot positions from the start (MuJoCo's own float64 state for ``mujoco``); rows
+    ``length[e] + 1`` on of episode ``e`` repeat where it ended (MuJoCo's last state, also an unstable one)."""
     frame: np.ndarray
     """[T + 1, E] reference frame of each recorded state."""
     control_dt: float
@@ -291,8 +260,10 @@ def replay(policy: Any, motion: Any, options: TransferOptions = TransferOptions(
         progress: show a tqdm progress bar over the control steps.
         env_kwargs: further env options (``dynamics``, ``action_scale``); the fields set in ``options.dynamics``
             replace the same fields of ``env_kwargs["dynamics"]``.
-        transition_wrapper: ``wrap(transition_fn) -> transition_fn`` put around the simulator's transition function
-            (it must forward the ``active`` attribute), e.g. :class:`bcg.evaluation.sim_gap.RecordingTransition`.
+        transition_wrapper: ``wrap(transition_fn) -> transition_fn`` put around the simulator's transition function,
+            e.g. :class:`bcg.evaluation.sim_gap.RecordingTransition`; it is called with the rows of the episodes still
+            running only (the replay steps the env's pure core, ``env.core``, on them; finished episodes stay where
+            they ended).
     """
     # flat keywords: the env puts them into the dynamics it is given (EnvConfig.from_kwargs)
     kw = {**(env_kwargs or {}), **options.dynamics.chosen()}
@@ -333,21 +304,25 @@ def replay(policy: Any, motion: Any, options: TransferOptions = TransferOptions(
             if tuple(actions.shape) != (E, env.model.nu):
                 raise ValueError(f"the policy returned actions of shape {list(actions.shape)}, expected "
                                  f"[{E}, {env.model.nu}] for observations {list(obs.shape)}")
-            if not torch.isfinite(actions).all():
+            if not torch.isfinite(actions[active]).all():
                 raise ValueError(f"the policy returned non-finite actions at step {t}")
-            tfn.active = active
-            obs, _, terminated, truncated, info = env.step(actions)
-            s = env.state
+            # the pure step of the episodes still running; finished ones stay where they ended (no autoreset)
+            rows = active.nonzero().flatten()
+            r = env.core(env.state[rows], actions[rows], tracking=True)
+            s = env.state.scatter(rows, r.state)
+            env.load_state(s)
+            obs = obs.index_put((rows,), r.observation(env.observer))
             e = step_errors(env.features(s), env.ref_features(s.frame), anchor)
             for k in ERROR_NAMES:
                 errs[k].append(e[k].numpy())
             masks.append(active.numpy().copy())
-            pens.append(info["contact_penetration"].numpy().copy())
+            pens.append(torch.zeros(E, r.contact.penetration.shape[1]).index_put((rows,), r.contact.penetration)
+                        .numpy())
             qs.append(tfn.qpos64() if isinstance(tfn, MujocoTransition) else s.q.double().numpy())
             fr.append(s.frame.numpy().copy())
-            done = (terminated | truncated) & active
-            fell |= (done & info["fell"]).numpy()
-            unstable |= (done & info["nonfinite"]).numpy()
+            done = torch.zeros(E, dtype=torch.bool).index_put((rows,), r.terminated | r.truncated)
+            fell[rows.numpy()] |= (r.fell & (r.terminated | r.truncated)).numpy()
+            unstable[rows.numpy()] |= (r.unstable & (r.terminated | r.truncated)).numpy()
             length[active.numpy()] += 1
             active = active & ~done
             if bar is not None:

@@ -58,7 +58,8 @@ class Transitions:
 
 
 class RecordingTransition:
-    """Wraps an env transition function and records the control steps of its active rows (:class:`Transitions`).
+    """Wraps an env transition function and records every control step it is asked for (:class:`Transitions`; in a replay, the rows of the
+    episodes still running).
 
     States are the env's float32 copies (MuJoCo keeps float64 between steps; the rounding, about 1e-7 relative, is
     far below any gap worth reporting)."""
@@ -68,21 +69,11 @@ class RecordingTransition:
         self.model: SimModel | None = None
         self._steps: list[tuple[torch.Tensor, ...]] = []
 
-    @property
-    def active(self) -> torch.Tensor | None:
-        return self.inner.active
-
-    @active.setter
-    def active(self, value: torch.Tensor | None) -> None:
-        self.inner.active = value
-
     def __call__(self, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor, physics: Any = None,
                  *, env_ids: torch.Tensor, memory: Any = None) -> Any:
         q1, qd1, contact, mem = self.inner(model, q, qd, targets, physics, env_ids=env_ids, memory=memory)
         self.model = model
-        act = self.inner.active
-        rows = torch.ones(len(q), dtype=torch.bool) if act is None else act.cpu()[env_ids.cpu()]
-        self._steps.append(tuple(x.detach().cpu().double()[rows] for x in (q, qd, targets, q1, qd1, contact.impulse)))
+        self._steps.append(tuple(x.detach().cpu().double() for x in (q, qd, targets, q1, qd1, contact.impulse)))
         return q1, qd1, contact, mem
 
     def transitions(self) -> Transitions:
