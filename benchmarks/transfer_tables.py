@@ -25,12 +25,15 @@ LEVERS: tuple[str, ...] = ("domain_randomization", "adaptive_start", "adaptive_s
                            "replay_threshold",
                            "action_scale_torque", "kappa", "soft_contact_timeconst", "contact_beta",
                            "contact_randomization", "torque_limit_randomization", "reference_joint_margin")
-"""TrainConfig fields (or fields of its dynamics) a run of this table may set apart from `bcg train`'s defaults."""
+"""TrainConfig fields (or fields of its dynamics or episode layers) a run of this table may set apart from `bcg train`'s defaults."""
 
 
 def _option(cfg: Any, key: str) -> Any:
-    """TrainConfig's ``key``, or its dynamics' (where --kappa, --contact-beta, ... land)."""
-    return getattr(cfg, key) if hasattr(cfg, key) else getattr(cfg.dynamics, key)
+    """TrainConfig's ``key``, or its dynamics' or episode layers' (where --kappa, --adaptive-start, ... land)."""
+    for group in (cfg, cfg.dynamics, cfg.layers):
+        if hasattr(group, key):
+            return getattr(group, key)
+    raise AttributeError(f"TrainConfig has no option {key!r}")
 
 
 def settings(cfg_dict: dict[str, Any]) -> str:
@@ -42,7 +45,7 @@ def settings(cfg_dict: dict[str, Any]) -> str:
     default = default_config(cfg.agent, cfg.preset)
     parts = ["--agent ppo"] if cfg.agent == "ppo" else [f"--estimator {cfg.estimator.name}"]
     changed = [key for key in LEVERS if _option(cfg, key) != _option(default, key)]
-    terminations = [key for key in changed if key.startswith("termination_") and getattr(cfg, key) is None]
+    terminations = [key for key in changed if key.startswith("termination_") and _option(cfg, key) is None]
     for key in changed:
         value, flag = _option(cfg, key), "--" + key.replace("_", "-")
         if key in terminations and len(terminations) == 3:

@@ -1,5 +1,6 @@
-"""Each option of the simulator's dynamics is declared once, in :class:`bcg.envs.Dynamics`, and reaches every
-command and file through it (read from the source, and through the parsers and the stored configs)."""
+"""Each option of the simulator's dynamics is declared once, in :class:`bcg.envs.Dynamics`, and each option of the
+episode layers once, in :class:`bcg.envs.EpisodeLayers`; they reach every command and file through them (read from
+the source, and through the parsers and the stored configs)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import ast
 from pathlib import Path
 
 from bcg.envs.dynamics import DYNAMICS_FIELDS, Dynamics
+from bcg.envs.episode_layers import LAYER_FIELDS, EpisodeLayers
 
 PACKAGE = Path(__file__).resolve().parents[1] / "bcg"
 
@@ -15,9 +17,9 @@ RANGES = {("DomainRandomization", "contact_beta")}
 per-environment draw, not a value of the simulator."""
 
 
-def _declarations(root: Path) -> list[tuple[str, str, str]]:
-    """(file, class, field) of every class-level annotated field named like a dynamics option, outside bcg/sim (the
-    simulator's own ContactParams holds the physical values those options override)."""
+def _declarations(root: Path, names: tuple[str, ...] = DYNAMICS_FIELDS) -> list[tuple[str, str, str]]:
+    """(file, class, field) of every class-level annotated field named like one of ``names``, outside bcg/sim (the
+    simulator's own ContactParams holds the physical values the dynamics options override)."""
     out = []
     for path in sorted(root.rglob("*.py")):
         if path.relative_to(root).parts[0] == "sim":
@@ -26,12 +28,33 @@ def _declarations(root: Path) -> list[tuple[str, str, str]]:
             if isinstance(node, ast.ClassDef):
                 out.extend((path.relative_to(root).as_posix(), node.name, st.target.id) for st in node.body
                            if isinstance(st, ast.AnnAssign) and isinstance(st.target, ast.Name)
-                           and st.target.id in DYNAMICS_FIELDS and (node.name, st.target.id) not in RANGES)
+                           and st.target.id in names and (node.name, st.target.id) not in RANGES)
     return out
 
 
 def test_the_dynamics_are_declared_once() -> None:
     assert sorted(_declarations(PACKAGE)) == sorted(("envs/dynamics.py", "Dynamics", f) for f in DYNAMICS_FIELDS)
+
+
+def test_the_episode_layers_are_declared_once() -> None:
+    assert sorted(_declarations(PACKAGE, LAYER_FIELDS)) == sorted(("envs/episode_layers.py", "EpisodeLayers", f)
+                                                                  for f in LAYER_FIELDS)
+
+
+def test_the_layers_take_flat_flags_and_keywords_and_old_runs_read_back() -> None:
+    from bcg.agents.train_config import config_from_dict, config_to_dict, parse_train_args
+    from bcg.envs.config import EnvConfig
+
+    cfg = parse_train_args(["--no-adaptive-start", "--replay-threshold", "0.3", "--termination-gravity-z", "None"])
+    assert cfg.env_config().layers == EpisodeLayers(termination_anchor_height=0.25, termination_end_effector_height=0.25,
+                                                    adaptive_start_credit="start", replay_threshold=0.3)
+    assert config_from_dict(config_to_dict(cfg)) == cfg
+    # a run written when the layers were flat options of its config
+    plain = config_to_dict(cfg)
+    flat = {k: v for k, v in plain.items() if k != "layers"}
+    assert config_from_dict({**flat, **plain["layers"]}) == cfg
+    assert EnvConfig.from_kwargs(adaptive_start=True).layers == EpisodeLayers(adaptive_start=True)
+    assert EnvConfig().layers == EpisodeLayers() and not EpisodeLayers().adaptive_start
 
 
 def test_the_rule_catches_a_second_declaration(tmp_path: Path) -> None:

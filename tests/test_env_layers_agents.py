@@ -27,9 +27,10 @@ def _one_torch_thread():
 def layered(tmp_path_factory: pytest.TempPathFactory) -> EnvConfig:
     """A 2 s synthetic clip with every layer on and thresholds low enough that each acts within a few windows."""
     path = write_synthetic_motion(tmp_path_factory.mktemp("motion") / "syn.npz", seconds=2.0)
-    return EnvConfig(motion_file=str(path), action_offset="reference", adaptive_start=True, adaptive_start_bin_s=0.5,
-                     adaptive_start_alpha=0.5, replay_threshold=0.03, termination_anchor_height=0.02,
-                     termination_gravity_z=0.05, termination_end_effector_height=0.05)
+    return EnvConfig.from_kwargs(motion_file=str(path), action_offset="reference", adaptive_start=True,
+                                 adaptive_start_bin_s=0.5, adaptive_start_alpha=0.5, replay_threshold=0.03,
+                                 termination_anchor_height=0.02, termination_gravity_z=0.05,
+                                 termination_end_effector_height=0.05)
 
 
 def _numbers(m: dict[str, float]) -> list[float]:
@@ -57,7 +58,7 @@ def test_shac_resume_with_every_layer_is_exact(layered: EnvConfig) -> None:
     assert cont == resumed
     assert a.env.state.equal(b.env.state) and torch.equal(a.env.start_sampler.scores, b.env.start_sampler.scores)
     # a state saved with the sampler does not load into an agent without it, and the other way round
-    plain = SHAC(cfg, dataclasses.replace(layered, adaptive_start=False), seed=2)
+    plain = SHAC(cfg, EnvConfig.from_kwargs(layered, adaptive_start=False), seed=2)
     assert "env_layers" not in plain.state_dict()
     with pytest.raises(ValueError, match="adaptive start"):
         plain.load_state_dict(state)
@@ -77,7 +78,7 @@ def test_ppo_state_carries_the_start_sampler(layered: EnvConfig) -> None:
     assert torch.equal(b.env.start_sampler.scores, scores)
     state = a.state_dict()
     del state["env"]["layers"]  # a state written before the layers existed loads into an agent without them
-    PPOAgent(tiny, dataclasses.replace(layered, adaptive_start=False), seed=0).load_state_dict(state)
+    PPOAgent(tiny, EnvConfig.from_kwargs(layered, adaptive_start=False), seed=0).load_state_dict(state)
 
 
 def test_train_flags_reach_the_env_config(capsys: pytest.CaptureFixture) -> None:
@@ -87,27 +88,28 @@ def test_train_flags_reach_the_env_config(capsys: pytest.CaptureFixture) -> None
                             "--adaptive-start-floor", "0.2", "--replay-threshold", "0.4",
                             "--termination-anchor-height", "0.25", "--termination-gravity-z", "0.8",
                             "--termination-end-effector-height", "0.25", "--reference-joint-margin", "0.04"])
-    env = cfg.env_config()
-    assert env.reference_joint_margin == 0.04 and parse_train_args([]).env_config().reference_joint_margin == 0.0
+    env = cfg.env_config().layers
+    assert cfg.env_config().reference_joint_margin == 0.04 and parse_train_args([]).env_config().reference_joint_margin == 0.0
     assert (env.adaptive_start, env.adaptive_start_bin_s, env.adaptive_start_alpha, env.adaptive_start_floor) == (
         True, 0.5, 0.01, 0.2)
     assert (env.replay_threshold, env.termination_anchor_height, env.termination_gravity_z,
             env.termination_end_effector_height) == (0.4, 0.25, 0.8, 0.25)
     # bcg train's default: randomisation, adaptive starts and BeyondMimic's three terminations; no replay
     default = parse_train_args([]).env_config()
-    assert default.domain_randomization and default.adaptive_start and default.replay_threshold is None
+    assert default.domain_randomization and default.layers.adaptive_start and default.layers.replay_threshold is None
+    default = default.layers
     assert (default.termination_anchor_height, default.termination_gravity_z,
             default.termination_end_effector_height) == (0.25, 0.8, 0.25)
     off_flags = ["--no-domain-randomization", "--no-adaptive-start", "--adaptive-start-credit", "end",
                  "--termination-anchor-height", "None",
                  "--termination-gravity-z", "None", "--termination-end-effector-height", "None"]
     off = parse_train_args(off_flags)
-    assert all(getattr(off.env_config(), k) == getattr(EnvConfig(), k) for k in LAYER_FIELDS)
+    assert all(getattr(off.env_config().layers, k) == getattr(EnvConfig().layers, k) for k in LAYER_FIELDS)
     assert not off.env_config().domain_randomization
     # runs written before these options (or before they were on by default) had none of them: their configs read
     # back with the layers off
     old = {k: v for k, v in config_to_dict(parse_train_args([])).items()
-           if k not in (*LAYER_FIELDS, "domain_randomization")}
+           if k not in ("layers", "domain_randomization")}
     assert config_from_dict(old) == off
     assert config_from_dict(config_to_dict(cfg)) == cfg
     from bcg.cli import main

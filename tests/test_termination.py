@@ -87,7 +87,7 @@ def test_bad_thresholds_are_refused(ref, name: str) -> None:
         with pytest.raises(ValueError, match=name):
             DeviationTermination(ref, **{name: bad})
     with pytest.raises(ValueError, match="termination_gravity_z"):
-        EnvConfig(termination_gravity_z=-1.0)
+        EnvConfig.from_kwargs(termination_gravity_z=-1.0)
 
 
 def test_env_terminates_a_deviating_row_with_its_other_rules(motion_path) -> None:
@@ -118,7 +118,8 @@ def test_shac_bootstraps_deviation_terminations_with_zero() -> None:
     def window(**env_kw):
         cfg = SHACConfig(num_envs=3, horizon=4, actor_hidden=(16,), critic_hidden=(16,), critic_iterations=1,
                          init_action_std=0.02)
-        agent = SHAC(cfg, EnvConfig(motion_file=standing_motion(1.0), action_offset="reference", **env_kw), seed=1)
+        agent = SHAC(cfg, EnvConfig.from_kwargs(motion_file=standing_motion(1.0), action_offset="reference", **env_kw),
+                     seed=1)
         asked = []
         mean = agent.target_critics.mean
         agent.target_critics.mean = lambda x: asked.append(x.shape[0]) or mean(x)

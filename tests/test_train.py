@@ -435,11 +435,11 @@ def test_resume_of_a_checkpoint_written_before_a_config_field_existed(tmp_path):
     assert part.status == 0
     path = part.run_dir / "checkpoints" / "iter_000001.pt"
     ck = load_checkpoint(path)
-    old = {k: v for k, v in ck.config.items() if k != "adaptive_start_credit"}
+    old = {**ck.config, "layers": {k: v for k, v in ck.config["layers"].items() if k != "adaptive_start_credit"}}
     save_checkpoint(path, agent_state=ck.agent_state, iteration=ck.iteration, run_id=ck.run_id, config=old,
                     metrics_header=ck.metrics_header, metrics_rows=ck.metrics_rows)
     assert main(["train", "--resume", str(part.run_dir), "--iterations", "2", "--no-progress"]) == 0
-    assert json.loads((part.run_dir / "config.json").read_text())["adaptive_start_credit"] == "end"
+    assert json.loads((part.run_dir / "config.json").read_text())["layers"]["adaptive_start_credit"] == "end"
     assert len(_rows(part.run_dir)) == 2
 
 

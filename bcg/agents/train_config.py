@@ -21,6 +21,7 @@ from bcg.agents.checkpoint import (
     load_checkpoint,
 )
 from bcg.envs.dynamics import Dynamics
+from bcg.envs.episode_layers import EpisodeLayers
 from bcg.parsing import parse_command
 
 if TYPE_CHECKING:  # pragma: no cover - bound at parse time by _bind_types (plugins included)
@@ -45,6 +46,9 @@ RUN_CONTROL_FIELDS: tuple[str, ...] = ("iterations", "max_time_s", "checkpoint_e
                                        "progress", "tensorboard", "eval_every", "eval_episodes", "eval_seconds")
 """TrainConfig fields a resumed run may change: how long and where it runs, not what it computes (the numbers are
 exact on the device the checkpoint was written on)."""
+
+FLAT_GROUPS: tuple[str, ...] = ("dynamics", "layers")
+"""TrainConfig's option groups whose fields are flags of their own names (``--kappa``, ``--adaptive-start``)."""
 
 RECORDED_FIELDS: tuple[str, ...] = ("motion_sha256",)
 """TrainConfig fields that bcg records rather than the user chooses; a resume checks them on their own (a checkpoint
@@ -186,28 +190,10 @@ class TrainConfig:
     """Per-joint action scale in torque units: a full action moves joint j's target by this fraction of its torque
     limit over its kp (s_j = f L_j / kp_j; 0.5: 0.22 rad on the hips, 0.35 on the knees, 0.125 on ankles and arms).
     Overrides --action-scale; None: off."""
-    termination_anchor_height: float | None = 0.25
-    """End an episode when the pelvis height error exceeds this [m] (BeyondMimic's 0.25; None: off)."""
-    termination_gravity_z: float | None = 0.8
-    """End an episode when the projected gravity's z component differs from the reference's by more than this
-    (BeyondMimic's 0.8; None: off)."""
-    termination_end_effector_height: float | None = 0.25
-    """End an episode when an ankle or wrist height error exceeds this [m] (BeyondMimic's 0.25; None: off)."""
-    adaptive_start: bool = True
-    """Start episodes where they fail: per-bin failure averages with a uniform floor (docs/start_states_and_replay.md);
-    --no-adaptive-start: uniform start frames."""
-    adaptive_start_bin_s: float = 1.0
-    """Bin length of the adaptive start sampling [s]."""
-    adaptive_start_alpha: float = 0.001
-    """Weight of the newest step in the per-bin failure average, in (0, 1]."""
-    adaptive_start_floor: float = 0.1
-    """Share of uniformly drawn start frames with adaptive start sampling, in [0, 1]."""
-    adaptive_start_credit: Literal["end", "start"] = "start"
-    """Which bin a failed episode counts to: where it started (more starts where episodes begin that drift and fall
-    seconds later) or where it ended (BeyondMimic's rule); docs/start_states_and_replay.md."""
-    replay_threshold: float | None = None
-    """Demonstration replay: put rows whose tracking error exceeds this [m] back on the reference, cutting their
-    gradient there (DiffMimic: 0.2 run, 0.4 jump / dance; None: off)."""
+    layers: tyro.conf.OmitArgPrefixes[EpisodeLayers] = EpisodeLayers.training()
+    """Deviation terminations, adaptive start sampling and demonstration replay (bcg.envs.EpisodeLayers): on by
+    default, BeyondMimic's three terminations and start frames drawn where episodes that fail began
+    (docs/start_states_and_replay.md); --no-adaptive-start, --termination-anchor-height None, ... turn them off."""
     torch_threads: int | None = 1
     """torch.set_num_threads for the run (None: torch's default). 1 is the fastest during the rollout, where the
     simulator's own threads use the cores."""
@@ -295,7 +281,7 @@ class TrainConfig:
 
     def env_config(self) -> EnvConfig:
         """The :class:`~bcg.envs.EnvConfig` of the run (differentiable for SHAC)."""
-        from bcg.envs.config import LAYER_FIELDS, REFERENCE_FIELDS, EnvConfig
+        from bcg.envs.config import REFERENCE_FIELDS, EnvConfig
 
         preset = ENV_PRESETS[self.preset]
         offset = preset["action_offset"] if self.action_offset is None else self.action_offset
@@ -308,7 +294,7 @@ class TrainConfig:
         return EnvConfig(motion_file=self.motion, dynamics=self.dynamics, device=self.device,
                          differentiable=self.agent == "shac", domain_randomization=self._randomization(),
                          max_episode_steps=self.max_episode_steps, action_offset=offset, action_scale=scale,
-                         **{name: getattr(self, name) for name in (*LAYER_FIELDS, *REFERENCE_FIELDS)})
+                         layers=self.layers, **{name: getattr(self, name) for name in REFERENCE_FIELDS})
 
     def _randomization(self) -> bool | DomainRandomization:
         """EnvConfig.domain_randomization: the flag, or the ranges with the contact draws added."""
@@ -489,6 +475,7 @@ def _from_plain(default: Any, value: Any, where: str) -> Any:
 def config_from_dict(d: Mapping[str, Any]) -> TrainConfig:
     """Inverse of :func:`config_to_dict` (e.g. a checkpoint's or config.json's config)."""
     from bcg.envs.dynamics import DYNAMICS_FIELDS
+    from bcg.envs.episode_layers import LAYER_FIELDS
     from bcg.estimators import ESTIMATORS, make
 
     _bind_types()
@@ -499,10 +486,12 @@ def config_from_dict(d: Mapping[str, Any]) -> TrainConfig:
     # start-state and termination layers (or before they were on by default) had none of them
     for key, old_default in LEGACY_DEFAULTS.items():
         d.setdefault(key, old_default)
-    # runs written before the dynamics were one option group had them flat (kappa, soft_contact_timeconst, ...)
-    flat = {k: d.pop(k) for k in DYNAMICS_FIELDS if k in d}
-    if flat:
-        d["dynamics"] = {**flat, **d.get("dynamics", {})}
+    # runs written before the dynamics and the episode layers were option groups had them flat (kappa,
+    # adaptive_start, ...); the legacy defaults above are flat too, and a group that is there wins over them
+    for group, fields in (("dynamics", DYNAMICS_FIELDS), ("layers", LAYER_FIELDS)):
+        flat = {k: d.pop(k) for k in fields if k in d}
+        if flat:
+            d[group] = {**flat, **d.get(group, {})}
     base = default_config(d.get("agent", "shac"), d.get("preset", "cpu-small"))
     est = d.pop("estimator", None)
     if est is not None:

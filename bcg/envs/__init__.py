@@ -9,6 +9,7 @@ from bcg._lazy import lazy_getattr
 
 _LAZY: dict[str, str] = {
     "Dynamics": "bcg.envs.dynamics",
+    "EpisodeLayers": "bcg.envs.episode_layers",
     "EnvConfig": "bcg.envs.config",
     "ObservationNoise": "bcg.envs.config",
     "EnvState": "bcg.envs.state",

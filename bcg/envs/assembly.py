@@ -123,12 +123,13 @@ class TrackingParts:
         guard = InstabilityGuard(cfg.state_limit, m.nq, m.nv, use_warp=cpu)
         draws = CounterDraws(use_warp=cpu)
         # the optional training aids, each its own component, None when off (docs/start_states_and_replay.md)
-        sampler = (AdaptiveStartSampler(frames, m.params.control_dt, cfg.adaptive_start_bin_s, cfg.adaptive_start_alpha,
-                                        cfg.adaptive_start_floor, dev, cfg.adaptive_start_credit)
-                   if cfg.adaptive_start else None)
-        replay = DemonstrationReplay(cfg.replay_threshold) if cfg.replay_threshold is not None else None
-        deviation = DeviationTermination(reference, cfg.termination_anchor_height, cfg.termination_gravity_z,
-                                         cfg.termination_end_effector_height)
+        lay = cfg.layers
+        sampler = (AdaptiveStartSampler(frames, m.params.control_dt, lay.adaptive_start_bin_s, lay.adaptive_start_alpha,
+                                        lay.adaptive_start_floor, dev, lay.adaptive_start_credit)
+                   if lay.adaptive_start else None)
+        replay = DemonstrationReplay(lay.replay_threshold) if lay.replay_threshold is not None else None
+        deviation = DeviationTermination(reference, lay.termination_anchor_height, lay.termination_gravity_z,
+                                         lay.termination_end_effector_height)
         warp_reward = WarpTrackingReward(reference, m.nu) if cpu else None
         rules = EpisodeRules(
             reference, TrackingReward() if cfg.reward == "tracking" else cfg.reward,

@@ -18,10 +18,11 @@ import tyro
 
 from bcg.envs.checks import MAX_SEED, check_count, check_seed, is_real
 from bcg.envs.dynamics import DYNAMICS_FIELDS, DYNAMICS_PARAMS, Dynamics
+from bcg.envs.episode_layers import LAYER_FIELDS, EpisodeLayers
 from bcg.envs.randomization import DomainRandomization
 
 __all__ = ["DYNAMICS_FIELDS", "DYNAMICS_PARAMS", "LAYER_FIELDS", "MAX_REFERENCE_MARGIN", "REFERENCE_FIELDS",
-           "MAX_SEED", "Dynamics", "EnvConfig", "ObservationNoise", "check_count", "check_seed"]
+           "MAX_SEED", "Dynamics", "EnvConfig", "EpisodeLayers", "ObservationNoise", "check_count", "check_seed"]
 
 REFERENCE_FIELDS: tuple[str, ...] = ("reference_joint_margin",)
 """The EnvConfig fields that change the reference a policy tracks (besides the clip): policy files record them, and
@@ -29,14 +30,6 @@ a replay of a policy uses them, since with residual actions the reference is par
 
 MAX_REFERENCE_MARGIN = 0.2
 """Largest ``reference_joint_margin`` [rad]."""
-
-LAYER_FIELDS: tuple[str, ...] = (
-    "termination_anchor_height", "termination_gravity_z", "termination_end_effector_height", "adaptive_start",
-    "adaptive_start_bin_s", "adaptive_start_alpha", "adaptive_start_floor", "adaptive_start_credit",
-    "replay_threshold")
-"""The EnvConfig fields of the optional training layers (deviation termination, adaptive start sampling,
-demonstration replay), all off by default; ``bcg train`` has an option of the same name for each."""
-
 
 @dataclass(frozen=True)
 class ObservationNoise:
@@ -110,31 +103,9 @@ class EnvConfig:
     """A pelvis below this height [m] ends the episode (fall)."""
     termination_distance: float = 1.0
     """A key body farther than this from its reference [m] ends the episode."""
-    termination_anchor_height: float | None = None
-    """Deviation rule: a pelvis height error above this [m] ends the episode (BeyondMimic: 0.25; None: off;
-    bcg.envs.termination)."""
-    termination_gravity_z: float | None = None
-    """Deviation rule: a difference of the projected gravity's z component (pelvis frame) from the reference's above
-    this ends the episode (BeyondMimic: 0.8; None: off)."""
-    termination_end_effector_height: float | None = None
-    """Deviation rule: an ankle or wrist height error above this [m] ends the episode (BeyondMimic: 0.25; None:
-    off)."""
-    adaptive_start: bool = False
-    """Draw start frames in proportion to recent failures per bin of the clip, with a uniform floor
-    (bcg.envs.start_sampling); False: uniform over the clip."""
-    adaptive_start_bin_s: float = 1.0
-    """Bin length of the adaptive start sampling [s]."""
-    adaptive_start_alpha: float = 0.001
-    """Weight of the newest control step in the per-bin exponential average of failures, in (0, 1]."""
-    adaptive_start_floor: float = 0.1
-    """Share of the start frames drawn uniformly over the clip when adaptive start sampling is on, in [0, 1]."""
-    adaptive_start_credit: Literal["end", "start"] = "end"
-    """Which bin a failed episode counts to in adaptive start sampling: where it ended (BeyondMimic's rule) or where
-    it started (more starts where episodes begin that drift and fall seconds later)."""
-    replay_threshold: float | None = None
-    """Demonstration replay: after a step, rows whose tracking error exceeds this [m] are put back on the reference
-    state of their frame, which also cuts their gradient to earlier steps (DiffMimic: 0.2 run, 0.4 jump / dance;
-    None: off; bcg.envs.demo_replay)."""
+    layers: tyro.conf.OmitArgPrefixes[EpisodeLayers] = field(default_factory=EpisodeLayers)
+    """Deviation terminations, adaptive start sampling and demonstration replay (:class:`EpisodeLayers`), all off by
+    default; the keyword form takes its fields flat (``adaptive_start=True``)."""
     ref_steps: int = 3
     """Number of future reference frames in the observation."""
     state_limit: float = 1e4
@@ -156,21 +127,8 @@ class EnvConfig:
             v = getattr(self, name)
             if not (isinstance(v, numbers.Real) and math.isfinite(v)):
                 raise ValueError(f"{name} must be a finite number, got {v!r}")
-        for name in ("termination_anchor_height", "termination_gravity_z", "termination_end_effector_height",
-                     "replay_threshold"):
-            v = getattr(self, name)
-            if v is not None and not (is_real(v) and v > 0):
-                raise ValueError(f"{name} must be a finite number > 0 or None, got {v!r}")
-        if not (is_real(self.adaptive_start_bin_s) and self.adaptive_start_bin_s > 0):
-            raise ValueError(f"adaptive_start_bin_s must be a finite number > 0 [s], got {self.adaptive_start_bin_s!r}")
-        if not (is_real(self.adaptive_start_alpha) and 0 < self.adaptive_start_alpha <= 1):
-            raise ValueError(f"adaptive_start_alpha must be a number in (0, 1], got {self.adaptive_start_alpha!r}")
-        if not (is_real(self.adaptive_start_floor) and 0 <= self.adaptive_start_floor <= 1):
-            raise ValueError(f"adaptive_start_floor must be a number in [0, 1], got {self.adaptive_start_floor!r}")
-        if self.adaptive_start_credit not in ("end", "start"):
-            raise ValueError(f"adaptive_start_credit must be 'end' or 'start', got {self.adaptive_start_credit!r}")
-        if not isinstance(self.adaptive_start, bool):
-            raise TypeError(f"adaptive_start must be a bool, got {self.adaptive_start!r}")
+        if not isinstance(self.layers, EpisodeLayers):
+            raise TypeError(f"layers must be a bcg.envs.EpisodeLayers, got {type(self.layers).__name__}")
         if not (is_real(self.reference_joint_margin) and 0 <= self.reference_joint_margin <= MAX_REFERENCE_MARGIN):
             raise ValueError(f"reference_joint_margin must be a number in [0, {MAX_REFERENCE_MARGIN}] [rad], got "
                              f"{self.reference_joint_margin!r}")
@@ -202,17 +160,21 @@ class EnvConfig:
 
     @staticmethod
     def from_kwargs(config: EnvConfig | None = None, **kwargs: Any) -> EnvConfig:
-        """``config`` (default ``EnvConfig()``) with the keyword fields replaced; the :class:`Dynamics` fields are
-        taken flat (``kappa=100.0`` replaces ``dynamics.kappa``); unknown keywords raise."""
+        """``config`` (default ``EnvConfig()``) with the keyword fields replaced; the :class:`Dynamics` and
+        :class:`EpisodeLayers` fields are taken flat (``kappa=100.0`` replaces ``dynamics.kappa``,
+        ``adaptive_start=True`` ``layers.adaptive_start``); unknown keywords raise."""
         base = EnvConfig() if config is None else config
         if not isinstance(base, EnvConfig):
             raise TypeError(f"config must be an EnvConfig, got {type(base).__name__}")
         names = {f.name for f in dataclasses.fields(EnvConfig)}
-        unknown = sorted(set(kwargs) - names - set(DYNAMICS_FIELDS))
+        unknown = sorted(set(kwargs) - names - set(DYNAMICS_FIELDS) - set(LAYER_FIELDS))
         if unknown:
             raise TypeError(f"unknown environment option(s) {unknown}; EnvConfig fields are "
-                            f"{sorted(names | set(DYNAMICS_FIELDS))}")
+                            f"{sorted(names | set(DYNAMICS_FIELDS) | set(LAYER_FIELDS))}")
         flat = {k: kwargs.pop(k) for k in DYNAMICS_FIELDS if k in kwargs}
         if flat:
             kwargs["dynamics"] = dataclasses.replace(kwargs.get("dynamics", base.dynamics), **flat)
+        flat = {k: kwargs.pop(k) for k in LAYER_FIELDS if k in kwargs}
+        if flat:
+            kwargs["layers"] = kwargs.get("layers", base.layers).replaced(flat)
         return dataclasses.replace(base, **kwargs) if kwargs else base
