@@ -320,11 +320,11 @@ def replay(policy: Any, motion: Any, options: TransferOptions = TransferOptions(
                         .numpy())
             qs.append(tfn.qpos64() if isinstance(tfn, MujocoTransition) else s.q.double().numpy())
             fr.append(s.frame.numpy().copy())
-            done = torch.zeros(E, dtype=torch.bool).index_put((rows,), r.terminated | r.truncated)
-            fell[rows.numpy()] |= (r.fell & (r.terminated | r.truncated)).numpy()
-            unstable[rows.numpy()] |= (r.unstable & (r.terminated | r.truncated)).numpy()
+            ended = r.terminated | r.truncated
+            fell[rows.numpy()] |= (r.fell & ended).numpy()
+            unstable[rows.numpy()] |= (r.unstable & ended).numpy()
             length[active.numpy()] += 1
-            active = active & ~done
+            active = active.index_put((rows,), ~ended)
             if bar is not None:
                 bar.update(1)
             if not bool(active.any()):
