@@ -121,7 +121,7 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("def20-bcg-run-credit-s0", "def20-bcg-run-credit-s1")),
     ("run (1200 s), earlier default: --adaptive-start-credit end", ("ts-bcg-run-s0", "ts-bcg-run-s1")),
     ("run (3600 s), earlier default", ("def60-bcg-run-s0", "def60-bcg-run-s1")),
-    ("jump (3600 s)", ("def60-bcg-jump-credit-s0",)),
+    ("jump (3600 s)", ("def60-bcg-jump-credit-s0", "def60-bcg-jump-credit-s1")),
     ("jump (3600 s), earlier default", ("def60-bcg-jump-s0", "def60-bcg-jump-s1")),
     ("fight (1200 s; seed 1 trained after the bundle-gradient correction)",
      ("def20-bcg-fight-new-s0", "def20-bcg-fight-fix-s1")),
@@ -155,7 +155,7 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
                                                                    "def60-bcg-spinkarate-credit-s1")),
     ("default (3600 s)", ("hd60-bcg-spinkarate-s0",)),
     ("--torque-limit-randomization (3600 s)", ("hd60-bcg-spinkarate-tlr-s0",)),
-    ("--reference-joint-margin 0.05 (3600 s)", ("hd60-bcg-spinkarate-m05-s0",)),
+    ("--reference-joint-margin 0.05 (3600 s)", ("hd60-bcg-spinkarate-m05-s0", "hd60-bcg-spinkarate-m05-s1")),
 )
 """What was tried on SpinKarate's transfer gap (saturated ankles, an ankle roll held at its stop by the clip)."""
 
