@@ -1,6 +1,6 @@
 """Each option of the simulator's dynamics is declared once, in :class:`bcg.envs.Dynamics`, and each option of the
 episode layers once, in :class:`bcg.envs.EpisodeLayers`; they reach every command and file through them (read from
-the source, and through the parsers and the stored configs)."""
+the source, and through the parsers and the stored configs). Frozen configs are changed only while validated."""
 
 from __future__ import annotations
 
@@ -46,8 +46,9 @@ def test_the_layers_take_flat_flags_and_keywords_and_old_runs_read_back() -> Non
     from bcg.envs.config import EnvConfig
 
     cfg = parse_train_args(["--no-adaptive-start", "--replay-threshold", "0.3", "--termination-gravity-z", "None"])
-    assert cfg.env_config().layers == EpisodeLayers(termination_anchor_height=0.25, termination_end_effector_height=0.25,
-                                                    adaptive_start_credit="start", replay_threshold=0.3)
+    assert cfg.env_config().layers == EpisodeLayers(
+        termination_anchor_height=0.25, termination_end_effector_height=0.25, adaptive_start_credit="start",
+        replay_threshold=0.3)
     assert config_from_dict(config_to_dict(cfg)) == cfg
     # a run written when the layers were flat options of its config
     plain = config_to_dict(cfg)
@@ -79,3 +80,31 @@ def test_every_command_takes_the_flat_flags_and_old_runs_read_back() -> None:
     assert evaluate.protocol.dynamics == Dynamics(kappa=500.0)
     compare = parse_command(COMMANDS["compare"], ["--kappa", "50"], prog="bcg compare")
     assert {job.dynamics for job in compare.jobs()} == {Dynamics(kappa=50.0)}
+
+
+def _setattr_outside_validation(root: Path) -> list[tuple[str, str, int]]:
+    """(file, function, line) of every ``object.__setattr__`` call that is not inside a ``__post_init__`` (frozen
+    dataclasses are changed only while their values are checked and normalised)."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        inside: set[int] = set()
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef) and fn.name == "__post_init__":
+                inside.update(id(n) for n in ast.walk(fn))
+        for fn in ast.walk(tree):
+            if not isinstance(fn, ast.FunctionDef):
+                continue
+            for n in ast.walk(fn):
+                if (isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "__setattr__"
+                        and isinstance(n.func.value, ast.Name) and n.func.value.id == "object"
+                        and id(n) not in inside):
+                    out.append((path.relative_to(root).as_posix(), fn.name, n.lineno))
+    return sorted(set(out))
+
+
+def test_frozen_configs_change_only_while_validating(tmp_path: Path) -> None:
+    assert _setattr_outside_validation(PACKAGE) == []
+    (tmp_path / "m.py").write_text("class A:\n    def __post_init__(self):\n        object.__setattr__(self, 'x', 1)\n"
+                                   "    def later(self):\n        object.__setattr__(self, 'x', 2)\n")
+    assert _setattr_outside_validation(tmp_path) == [("m.py", "later", 5)]
