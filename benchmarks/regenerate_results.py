@@ -32,8 +32,9 @@ METHOD_RUNS: tuple[str, ...] = (
     "def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bptt-jump-s0", "def60-bptt-jump-s1", "def60-ppo-jump-s0",
     "def-bcg-fight-s0", "def-bcg-fight-s1", "def-bcg-dance-s0", "def-bcg-dance-s1",
     "def20-bcg-fight-new-s0", "def20-bcg-fight-fix-s1", "def20-bptt-fight-s0", "def20-bptt-fight-s1",
-    "def20-ppo-fight-s0",
-    "def20-bcg-dance-new-s0", "def20-bcg-dance-fix-s1", "def20-bptt-dance-s0", "def20-ppo-dance-s0",
+    "def20-ppo-fight-s0", "def20-ppo-fight-s1",
+    "def20-bcg-dance-new-s0", "def20-bcg-dance-fix-s1", "def20-bptt-dance-s0", "def20-bptt-dance-s1",
+    "def20-ppo-dance-s0",
 )
 """`bcg train`'s default settings per clip and method (run, fight, dance 1200 s; jump 3600 s); runs of the earlier
 default (a failure credited to the end of its episode) and of today's are labelled apart by the study."""
