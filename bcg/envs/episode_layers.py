@@ -71,10 +71,6 @@ class EpisodeLayers:
         return cls(termination_anchor_height=0.25, termination_gravity_z=0.8, termination_end_effector_height=0.25,
                    adaptive_start=True, adaptive_start_credit="start")
 
-    def as_dict(self) -> dict[str, Any]:
-        """``{field: value}`` (the flat layout of a run written before the layers were one group)."""
-        return dataclasses.asdict(self)
-
     def replaced(self, values: Mapping[str, Any]) -> EpisodeLayers:
         """A copy with the :data:`LAYER_FIELDS` entries of ``values`` (flat keyword options) replaced; other keys
         are ignored."""
