@@ -156,6 +156,7 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("default (3600 s)", ("hd60-bcg-spinkarate-s0",)),
     ("--torque-limit-randomization (3600 s)", ("hd60-bcg-spinkarate-tlr-s0",)),
     ("--reference-joint-margin 0.05 (3600 s)", ("hd60-bcg-spinkarate-m05-s0", "hd60-bcg-spinkarate-m05-s1")),
+    ("--contact-randomization (3600 s)", ("hd60-bcg-spinkarate-cr-s0", "hd60-bcg-spinkarate-cr-s1")),
 )
 """What was tried on SpinKarate's transfer gap (saturated ankles, an ankle roll held at its stop by the clip)."""
 
