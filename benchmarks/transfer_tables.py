@@ -30,7 +30,9 @@ LEVERS: tuple[str, ...] = ("domain_randomization", "adaptive_start", "adaptive_s
 
 def _option(cfg: Any, key: str) -> Any:
     """TrainConfig's ``key``, or its dynamics' or episode layers' (where --kappa, --adaptive-start, ... land)."""
-    for group in (cfg, cfg.dynamics, cfg.layers):
+    from bcg.envs.config import FLAT_GROUPS
+
+    for group in (cfg, *(getattr(cfg, name) for name in FLAT_GROUPS)):
         if hasattr(group, key):
             return getattr(group, key)
     raise AttributeError(f"TrainConfig has no option {key!r}")

@@ -20,6 +20,7 @@ import tyro
 from bcg.agents.checkpoint import (
     load_checkpoint,
 )
+from bcg.envs.config import FLAT_GROUPS
 from bcg.envs.dynamics import Dynamics
 from bcg.envs.episode_layers import EpisodeLayers
 from bcg.parsing import parse_command
@@ -46,9 +47,6 @@ RUN_CONTROL_FIELDS: tuple[str, ...] = ("iterations", "max_time_s", "checkpoint_e
                                        "progress", "tensorboard", "eval_every", "eval_episodes", "eval_seconds")
 """TrainConfig fields a resumed run may change: how long and where it runs, not what it computes (the numbers are
 exact on the device the checkpoint was written on)."""
-
-FLAT_GROUPS: tuple[str, ...] = ("dynamics", "layers")
-"""TrainConfig's option groups whose fields are flags of their own names (``--kappa``, ``--adaptive-start``)."""
 
 RECORDED_FIELDS: tuple[str, ...] = ("motion_sha256",)
 """TrainConfig fields that bcg records rather than the user chooses; a resume checks them on their own (a checkpoint
@@ -474,8 +472,6 @@ def _from_plain(default: Any, value: Any, where: str) -> Any:
 
 def config_from_dict(d: Mapping[str, Any]) -> TrainConfig:
     """Inverse of :func:`config_to_dict` (e.g. a checkpoint's or config.json's config)."""
-    from bcg.envs.dynamics import DYNAMICS_FIELDS
-    from bcg.envs.episode_layers import LAYER_FIELDS
     from bcg.estimators import ESTIMATORS, make
 
     _bind_types()
@@ -488,7 +484,7 @@ def config_from_dict(d: Mapping[str, Any]) -> TrainConfig:
         d.setdefault(key, old_default)
     # runs written before the dynamics and the episode layers were option groups had them flat (kappa,
     # adaptive_start, ...); the legacy defaults above are flat too, and a group that is there wins over them
-    for group, fields in (("dynamics", DYNAMICS_FIELDS), ("layers", LAYER_FIELDS)):
+    for group, fields in FLAT_GROUPS.items():
         flat = {k: d.pop(k) for k in fields if k in d}
         if flat:
             d[group] = {**flat, **d.get(group, {})}

@@ -21,8 +21,9 @@ from bcg.envs.dynamics import DYNAMICS_FIELDS, DYNAMICS_PARAMS, Dynamics
 from bcg.envs.episode_layers import LAYER_FIELDS, EpisodeLayers
 from bcg.envs.randomization import DomainRandomization
 
-__all__ = ["DYNAMICS_FIELDS", "DYNAMICS_PARAMS", "LAYER_FIELDS", "MAX_REFERENCE_MARGIN", "REFERENCE_FIELDS",
-           "MAX_SEED", "Dynamics", "EnvConfig", "EpisodeLayers", "ObservationNoise", "check_count", "check_seed"]
+__all__ = ["DYNAMICS_FIELDS", "DYNAMICS_PARAMS", "FLAT_GROUPS", "LAYER_FIELDS", "MAX_REFERENCE_MARGIN",
+           "REFERENCE_FIELDS", "MAX_SEED", "Dynamics", "EnvConfig", "EpisodeLayers", "ObservationNoise", "check_count",
+           "check_seed"]
 
 REFERENCE_FIELDS: tuple[str, ...] = ("reference_joint_margin",)
 """The EnvConfig fields that change the reference a policy tracks (besides the clip): policy files record them, and
@@ -30,6 +31,10 @@ a replay of a policy uses them, since with residual actions the reference is par
 
 MAX_REFERENCE_MARGIN = 0.2
 """Largest ``reference_joint_margin`` [rad]."""
+
+FLAT_GROUPS: dict[str, tuple[str, ...]] = {"dynamics": DYNAMICS_FIELDS, "layers": LAYER_FIELDS}
+"""The option groups (of EnvConfig and of ``bcg train``'s config) whose fields are taken flat: by keyword
+(``kappa=100.0``), as flags (``--kappa``, ``--adaptive-start``) and in run configs written before they were groups."""
 
 @dataclass(frozen=True)
 class ObservationNoise:
@@ -167,14 +172,12 @@ class EnvConfig:
         if not isinstance(base, EnvConfig):
             raise TypeError(f"config must be an EnvConfig, got {type(base).__name__}")
         names = {f.name for f in dataclasses.fields(EnvConfig)}
-        unknown = sorted(set(kwargs) - names - set(DYNAMICS_FIELDS) - set(LAYER_FIELDS))
+        known = names.union(*FLAT_GROUPS.values())
+        unknown = sorted(set(kwargs) - known)
         if unknown:
-            raise TypeError(f"unknown environment option(s) {unknown}; EnvConfig fields are "
-                            f"{sorted(names | set(DYNAMICS_FIELDS) | set(LAYER_FIELDS))}")
-        flat = {k: kwargs.pop(k) for k in DYNAMICS_FIELDS if k in kwargs}
-        if flat:
-            kwargs["dynamics"] = dataclasses.replace(kwargs.get("dynamics", base.dynamics), **flat)
-        flat = {k: kwargs.pop(k) for k in LAYER_FIELDS if k in kwargs}
-        if flat:
-            kwargs["layers"] = kwargs.get("layers", base.layers).replaced(flat)
+            raise TypeError(f"unknown environment option(s) {unknown}; EnvConfig fields are {sorted(known)}")
+        for group, fields in FLAT_GROUPS.items():
+            flat = {k: kwargs.pop(k) for k in fields if k in kwargs}
+            if flat:
+                kwargs[group] = dataclasses.replace(kwargs.get(group, getattr(base, group)), **flat)
         return dataclasses.replace(base, **kwargs) if kwargs else base

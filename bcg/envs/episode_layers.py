@@ -8,9 +8,8 @@ MuJoCo (docs/shac.md, the ablation)."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from bcg.envs.checks import is_real
 
@@ -70,12 +69,6 @@ class EpisodeLayers:
         a failure to the start of its episode; no demonstration replay."""
         return cls(termination_anchor_height=0.25, termination_gravity_z=0.8, termination_end_effector_height=0.25,
                    adaptive_start=True, adaptive_start_credit="start")
-
-    def replaced(self, values: Mapping[str, Any]) -> EpisodeLayers:
-        """A copy with the :data:`LAYER_FIELDS` entries of ``values`` (flat keyword options) replaced; other keys
-        are ignored."""
-        chosen = {name: values[name] for name in LAYER_FIELDS if name in values}
-        return dataclasses.replace(self, **chosen) if chosen else self
 
 
 LAYER_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(EpisodeLayers))

@@ -88,8 +88,8 @@ class MujocoTransition:
                              f"MuJoCo loop {loop.substeps} x {loop.timestep} s")
         rows = env_ids.detach().cpu().numpy()
         if len(np.unique(rows)) != len(rows) or rows.min(initial=0) < 0 or rows.max(initial=0) >= loop.num_envs:
-            raise ValueError(f"MujocoTransition advances each of its {loop.num_envs} environments at most once per step;"
-                             f" got rows {rows.tolist()[:8]} (branched states need our simulator)")
+            raise ValueError(f"MujocoTransition advances each of its {loop.num_envs} environments at most once per "
+                             f"step; got rows {rows.tolist()[:8]} (branched states need our simulator)")
         q, qd, targets = q.detach(), qd.detach(), targets.detach()
         token = (memory or {}).get("mujoco.token")
         token = torch.zeros(len(rows), dtype=torch.long) if token is None else token.detach().cpu()

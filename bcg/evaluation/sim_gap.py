@@ -58,8 +58,8 @@ class Transitions:
 
 
 class RecordingTransition:
-    """Wraps an env transition function and records every control step it is asked for (:class:`Transitions`; in a replay, the rows of the
-    episodes still running).
+    """Wraps an env transition function and records every control step it is asked for (:class:`Transitions`; in a
+    replay, the rows of the episodes still running).
 
     States are the env's float32 copies (MuJoCo keeps float64 between steps; the rounding, about 1e-7 relative, is
     far below any gap worth reporting)."""

@@ -113,8 +113,8 @@ _NOT_SETTINGS = frozenset({"seed", "motion", "estimator.seed"})
 def _settings(cfg: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     """``config.json`` as flat ``(key, value)`` pairs, read the way ``bcg train`` reads it (a run written before a
     field existed gets the value it ran with), without run-control and recorded fields (the budget is kept)."""
-    from bcg.agents.train_config import (FLAT_GROUPS, RECORDED_FIELDS, RUN_CONTROL_FIELDS, config_from_dict,
-                                         config_to_dict)
+    from bcg.agents.train_config import RECORDED_FIELDS, RUN_CONTROL_FIELDS, config_from_dict, config_to_dict
+    from bcg.envs.config import FLAT_GROUPS
 
     skip = (set(RUN_CONTROL_FIELDS) - {"iterations", "max_time_s"}) | set(RECORDED_FIELDS) | _NOT_SETTINGS
     flat: dict[str, Any] = {}
