@@ -170,6 +170,9 @@ class Bench:
     """With --learning: SHAC estimators and/or ppo."""
     iterations: int = 5
     """With --learning: timed iterations per method (median reported; PPO half as many)."""
+    block: int = 1
+    """With --learning: SHAC iterations timed in a row per timing, the critic fit joined only at the block's end (as in
+    training, where the fit runs beside the next window's steps); 1 joins it after every iteration."""
     start: Path | None = None
     """With --learning: a SHAC run of the timed preset to start from (the contact forces, hence bcg's trigger rate, of
     a policy that tracks)."""
@@ -184,13 +187,14 @@ class Bench:
         check_count("repeats", self.repeats, 1)
         check_count("ratio_n", self.ratio_n, 0)
         check_count("torch_threads", self.torch_threads, 1)
+        check_count("block", self.block, 1)
 
     def run(self) -> int:
         if self.learning:
             from bcg.evaluation.learning_throughput import main as learning_main
 
             argv = ["--presets", *self.presets, "--methods", *self.methods, "--iterations", str(self.iterations),
-                    "--torch-threads", str(self.torch_threads)]
+                    "--block", str(self.block), "--torch-threads", str(self.torch_threads)]
             if self.json is not None:
                 argv += ["--json", str(self.json)]
             if self.start is not None:

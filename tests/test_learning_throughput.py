@@ -35,6 +35,32 @@ def test_shac_parts_are_measured_and_the_timers_removed(method: str) -> None:
     assert f"| cpu-small | {method} | {r['num_envs']} x 3 |" in table([r])
 
 
+def test_a_block_times_consecutive_iterations_per_iteration(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--block K: K iterations in a row per timing; the parts are per iteration (they still add up to it) and K env
+    windows are averaged beside each timing."""
+    from bcg.agents.shac import SHAC
+    from bcg.evaluation import learning_throughput as lt
+
+    calls = {"train": 0, "window": 0}
+    train, window = SHAC.train_iteration, lt._env_window
+
+    def counted(name, fn):
+        def wrapper(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+        return wrapper
+
+    monkeypatch.setattr(SHAC, "train_iteration", counted("train", train))
+    monkeypatch.setattr(lt, "_env_window", counted("window", window))
+    r = measure_shac("cpu-small", "bptt", iterations=2, warmup=0, overrides=TINY_SHAC, block=3)
+    assert calls == {"train": 6, "window": 6}
+    p = r["parts"]
+    assert sum(p[k] for k in PHASES) == pytest.approx(p["iteration"], rel=1e-9)
+    assert r["block"] == 3 and table([r]).splitlines()[2].endswith("| 3 |")
+    with pytest.raises(ValueError, match="block must be an int >= 1"):
+        measure_shac("cpu-small", "bptt", iterations=1, warmup=0, overrides=TINY_SHAC, block=0)
+
+
 def test_the_timed_transition_still_reports_the_estimators_statistics() -> None:
     """The timer around env.transition_fn must not hide the estimator's per-call statistics (trigger rate)."""
     from bcg.agents.shac import SHAC, SHACConfig

@@ -190,10 +190,15 @@ def _shac_config(preset: str, method: str, motion: str, seed: int, overrides: di
 
 def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: int = 5, warmup: int = 2,
                  seed: int = 0, overrides: dict[str, Any] | None = None, start: str | Path | None = None,
-                 progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+                 block: int = 1, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Time ``iterations`` SHAC iterations of ``preset`` through estimator ``method``, alternating with windows of
     the bare differentiable env of the same size. Returns medians per iteration (seconds), the env window, their
     ratio, and the critic fit's arithmetic floor.
+
+    ``block``: consecutive iterations per timing (``iterations`` timings, each one's parts divided by ``block``),
+    alternating with ``block`` env windows. With 1 the critic fit is joined after every iteration, so its overlap
+    with the next window's steps (``bcg train``'s default order) is not counted; with more it runs beside them as in
+    training and is joined only at the block's end.
 
     ``start``: a SHAC run directory or checkpoint of the same preset (any estimator) to start from, so that the
     policy, and with it the contact forces and ``bcg``'s trigger rate, are those of a policy that tracks; the
@@ -215,20 +220,22 @@ def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: 
     for _ in range(warmup):
         agent.train_iteration()
         _env_window(env, cfg.shac.horizon, gen)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be an int >= 1 (consecutive iterations per timing), got {block!r}")
     clock, rows, windows, triggers, critic_new = _Clock(), [], [], [], []
     for i in range(iterations):
         with _instrumented(agent, clock):
             t0 = time.perf_counter()
-            m = agent.train_iteration()
-            # a critic fit still running on SHAC's second thread is joined here and counted to the iteration, so
-            # that the env window below runs alone (this leaves out the fit's overlap with the next window's steps:
-            # benchmarks/critic_overlap.py measures that)
+            for _ in range(block):
+                m = agent.train_iteration()
+                triggers.append(float(m["trigger_rate"]))
+                critic_new.append(float(m["critic_loss_new"]))
+            # a critic fit still running on SHAC's second thread is joined here and counted to the block, so that
+            # the env windows below run alone
             agent.sync()
-            dt = time.perf_counter() - t0
-        rows.append({"iteration": dt, **_split(clock.take(), dt)})
-        windows.append(_env_window(env, cfg.shac.horizon, gen))
-        triggers.append(float(m["trigger_rate"]))
-        critic_new.append(float(m["critic_loss_new"]))
+            dt = (time.perf_counter() - t0) / block
+        rows.append({"iteration": dt, **_split({k: v / block for k, v in clock.take().items()}, dt)})
+        windows.append(statistics.mean(_env_window(env, cfg.shac.horizon, gen) for _ in range(block)))
         if progress:
             progress(f"{preset} {method} {i + 1}/{iterations}: {dt:.3f} s (env window {windows[-1]:.3f} s)")
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
@@ -242,7 +249,7 @@ def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: 
     return {
         "agent": "shac", "preset": preset, "method": method, "num_envs": c.num_envs, "horizon": c.horizon,
         "samples": samples, "parts": med, "env_window": window, "ratio": med["iteration"] / window,
-        "trigger_rate": statistics.mean(triggers), "critic_loss_new": statistics.mean(critic_new),
+        "trigger_rate": statistics.mean(triggers), "critic_loss_new": statistics.mean(critic_new), "block": block,
         "critic_flops": flops, "matmul_rate": rate, "critic_floor": flops / rate,
         "update_threads": agent.update_threads, "torch_threads": torch.get_num_threads(),
         "start_iteration": start_iteration,
@@ -308,14 +315,15 @@ def table(results: list[dict[str, Any]]) -> str:
     shac = [r for r in results if r["agent"] == "shac"]
     if shac:
         lines += ["| preset | method | N x H | iteration s | " + " | ".join(PHASES) + " | env window s | "
-                  "iteration / env | critic floor s | floor / env | trigger rate |",
-                  "|---" * (len(PHASES) + 9) + "|"]
+                  "iteration / env | critic floor s | floor / env | trigger rate | iterations per timing |",
+                  "|---" * (len(PHASES) + 10) + "|"]
         for r in shac:
             p = r["parts"]
             lines.append(f"| {r['preset']} | {r['method']} | {r['num_envs']} x {r['horizon']} | "
                          f"{p['iteration']:.3f} | " + " | ".join(f"{p[k]:.3f}" for k in PHASES)
                          + f" | {r['env_window']:.3f} | **{r['ratio']:.2f}** | {r['critic_floor']:.3f} | "
-                         f"{1 + r['critic_floor'] / r['env_window']:.2f} | {r['trigger_rate']:.3f} |")
+                         f"{1 + r['critic_floor'] / r['env_window']:.2f} | {r['trigger_rate']:.3f} | "
+                         f"{r.get('block', 1)} |")
         by = {(r["preset"], r["method"]): r for r in shac}
         for preset in dict.fromkeys(r["preset"] for r in shac):
             if (preset, "bcg") in by and (preset, "bptt") in by:
@@ -342,14 +350,17 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                     help="SHAC estimators (bptt, bcg, grs, ...) and/or ppo")
     ap.add_argument("--motion", default="jump")
     ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--block", type=int, default=1,
+                    help="SHAC: consecutive iterations per timing, the critic fit joined at the block's end only (as "
+                         "in training, where it runs beside the next window's steps); 1: joined every iteration")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--torch-threads", type=int, default=1)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--start", type=Path, default=None,
                     help="a SHAC run (of each preset timed) to start from: the trigger rate of a policy that tracks")
     args = ap.parse_args(argv)
-    if args.iterations < 1 or args.warmup < 0:
-        ap.error("--iterations must be >= 1 and --warmup >= 0")
+    if args.iterations < 1 or args.warmup < 0 or args.block < 1:
+        ap.error("--iterations and --block must be >= 1 and --warmup >= 0")
     torch.set_num_threads(args.torch_threads)
 
     def say(msg: str) -> None:
@@ -363,7 +374,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
                                            warmup=min(1, args.warmup), progress=say))
             else:
                 results.append(measure_shac(preset, method, motion=args.motion, iterations=args.iterations,
-                                            warmup=args.warmup, start=args.start, progress=say))
+                                            warmup=args.warmup, start=args.start, block=args.block, progress=say))
     print(table(results))
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
