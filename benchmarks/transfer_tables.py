@@ -134,6 +134,8 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s)", ("def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s), earlier default", ("def60-bcg-jazzwalk-s0", "def60-bcg-jazzwalk-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (1200 s), earlier default", ("ts-bcg-jazzwalk-s0",)),
+    ("M_ShortMove14, G1 Moves, 6.5 s, not tuned on (3600 s)",
+     ("def60-bcg-shortmove14-s0", "def60-bcg-shortmove14-s1")),
     ("B_SpinKarate, G1 Moves, 25.6 s (3600 s)", ("def60-bcg-spinkarate-credit-s0", "def60-bcg-spinkarate-credit-s1")),
     ("B_SpinKarate, G1 Moves, 25.6 s (7200 s: seed 0 continued)", ("def120-bcg-spinkarate-credit-s0",)),
 )
