@@ -223,9 +223,10 @@ def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: 
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise ValueError(f"block must be an int >= 1 (consecutive iterations per timing), got {block!r}")
     clock, rows, windows, triggers, critic_new = _Clock(), [], [], [], []
+    cpu_iteration, cpu_window = [], []
     for i in range(iterations):
         with _instrumented(agent, clock):
-            t0 = time.perf_counter()
+            c0, t0 = time.process_time(), time.perf_counter()
             for _ in range(block):
                 m = agent.train_iteration()
                 triggers.append(float(m["trigger_rate"]))
@@ -234,8 +235,11 @@ def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: 
             # the env windows below run alone
             agent.sync()
             dt = (time.perf_counter() - t0) / block
+            cpu_iteration.append((time.process_time() - c0) / block)
         rows.append({"iteration": dt, **_split({k: v / block for k, v in clock.take().items()}, dt)})
+        c0 = time.process_time()
         windows.append(statistics.mean(_env_window(env, cfg.shac.horizon, gen) for _ in range(block)))
+        cpu_window.append((time.process_time() - c0) / block)
         if progress:
             progress(f"{preset} {method} {i + 1}/{iterations}: {dt:.3f} s (env window {windows[-1]:.3f} s)")
     med = {k: statistics.median(r[k] for r in rows) for k in rows[0]}
@@ -250,6 +254,10 @@ def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: 
         "agent": "shac", "preset": preset, "method": method, "num_envs": c.num_envs, "horizon": c.horizon,
         "samples": samples, "parts": med, "env_window": window, "ratio": med["iteration"] / window,
         "trigger_rate": statistics.mean(triggers), "critic_loss_new": statistics.mean(critic_new), "block": block,
+        # the process's CPU seconds (every thread) per iteration and per env window: unlike wall time, not moved by
+        # other processes on the machine, and their ratio is what the iteration would cost with the cores to itself
+        # if it kept them all busy
+        "cpu_iteration": statistics.median(cpu_iteration), "cpu_env_window": statistics.median(cpu_window),
         "critic_flops": flops, "matmul_rate": rate, "critic_floor": flops / rate,
         "update_threads": agent.update_threads, "torch_threads": torch.get_num_threads(),
         "start_iteration": start_iteration,
@@ -315,15 +323,17 @@ def table(results: list[dict[str, Any]]) -> str:
     shac = [r for r in results if r["agent"] == "shac"]
     if shac:
         lines += ["| preset | method | N x H | iteration s | " + " | ".join(PHASES) + " | env window s | "
-                  "iteration / env | critic floor s | floor / env | trigger rate | iterations per timing |",
-                  "|---" * (len(PHASES) + 10) + "|"]
+                  "iteration / env | critic floor s | floor / env | trigger rate | iterations per timing | "
+                  "CPU s: iteration / env window |",
+                  "|---" * (len(PHASES) + 11) + "|"]
         for r in shac:
             p = r["parts"]
             lines.append(f"| {r['preset']} | {r['method']} | {r['num_envs']} x {r['horizon']} | "
                          f"{p['iteration']:.3f} | " + " | ".join(f"{p[k]:.3f}" for k in PHASES)
                          + f" | {r['env_window']:.3f} | **{r['ratio']:.2f}** | {r['critic_floor']:.3f} | "
                          f"{1 + r['critic_floor'] / r['env_window']:.2f} | {r['trigger_rate']:.3f} | "
-                         f"{r.get('block', 1)} |")
+                         f"{r.get('block', 1)} | {r['cpu_iteration']:.3f} / {r['cpu_env_window']:.3f} = "
+                         f"{r['cpu_iteration'] / r['cpu_env_window']:.2f} |")
         by = {(r["preset"], r["method"]): r for r in shac}
         for preset in dict.fromkeys(r["preset"] for r in shac):
             if (preset, "bcg") in by and (preset, "bptt") in by:
