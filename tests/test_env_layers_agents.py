@@ -89,7 +89,8 @@ def test_train_flags_reach_the_env_config(capsys: pytest.CaptureFixture) -> None
                             "--termination-anchor-height", "0.25", "--termination-gravity-z", "0.8",
                             "--termination-end-effector-height", "0.25", "--reference-joint-margin", "0.04"])
     env = cfg.env_config().layers
-    assert cfg.env_config().reference_joint_margin == 0.04 and parse_train_args([]).env_config().reference_joint_margin == 0.0
+    assert cfg.env_config().reference_joint_margin == 0.04
+    assert parse_train_args([]).env_config().reference_joint_margin == 0.0
     assert (env.adaptive_start, env.adaptive_start_bin_s, env.adaptive_start_alpha, env.adaptive_start_floor) == (
         True, 0.5, 0.01, 0.2)
     assert (env.replay_threshold, env.termination_anchor_height, env.termination_gravity_z,
