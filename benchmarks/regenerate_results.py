@@ -28,13 +28,14 @@ KEPT = ROOT / "benchmarks" / "results" / "stay_up"
 IMG = ROOT / "docs" / "img"
 
 METHOD_RUNS: tuple[str, ...] = (
-    "ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bptt-run-s0", "ts-ppo-run-s0",
+    "ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bptt-run-s0", "ts-bptt-run-s1", "ts-ppo-run-s0", "ts-ppo-run-s1",
     "def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bptt-jump-s0", "def60-bptt-jump-s1", "def60-ppo-jump-s0",
+    "def60-ppo-jump-s1",
     "def-bcg-fight-s0", "def-bcg-fight-s1", "def-bcg-dance-s0", "def-bcg-dance-s1",
     "def20-bcg-fight-new-s0", "def20-bcg-fight-fix-s1", "def20-bptt-fight-s0", "def20-bptt-fight-s1",
     "def20-ppo-fight-s0", "def20-ppo-fight-s1",
     "def20-bcg-dance-new-s0", "def20-bcg-dance-fix-s1", "def20-bptt-dance-s0", "def20-bptt-dance-s1",
-    "def20-ppo-dance-s0",
+    "def20-ppo-dance-s0", "def20-ppo-dance-s1",
 )
 """`bcg train`'s default settings per clip and method (run, fight, dance 1200 s; jump 3600 s); runs of the earlier
 default (a failure credited to the end of its episode) and of today's are labelled apart by the study."""
@@ -49,7 +50,7 @@ STIFFNESS_RUNS: tuple[str, ...] = (
 CURVE_FIGURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mujoco_curves.png", ()),  # every kept run with a curve
     ("mujoco_curves_jump_methods.png", ("def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bptt-jump-s0",
-                                        "def60-bptt-jump-s1", "def60-ppo-jump-s0")),
+                                        "def60-bptt-jump-s1", "def60-ppo-jump-s0", "def60-ppo-jump-s1")),
     ("mujoco_curves_jazzwalk_credit.png", ("def60-bcg-jazzwalk-s0", "def60-bcg-jazzwalk-s1",
                                            "def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")),
     ("mujoco_curves_spinkarate.png", ("def60-bcg-spinkarate-credit-s0", "def60-bcg-spinkarate-credit-s1",

@@ -106,8 +106,8 @@ ABLATION: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SHAC+BCG", ("ts-bcg-run-s0", "ts-bcg-run-s1")),
-    ("SHAC (bptt)", ("ts-bptt-run-s0",)),
-    ("PPO", ("ts-ppo-run-s0",)),
+    ("SHAC (bptt)", ("ts-bptt-run-s0", "ts-bptt-run-s1")),
+    ("PPO", ("ts-ppo-run-s0", "ts-ppo-run-s1")),
 )
 """The three methods on the run clip at the same settings and budget (1200 s)."""
 
