@@ -13,10 +13,11 @@ both see the same machine load. Per iteration it reports, in seconds:
   operations and the estimator; the Adam step);
 * ``critic``: SHAC's critic fit; ``add``: the ADD discriminator; ``other``: the rest (window-end bookkeeping);
 
-and the ratio ``iteration / env window``. For the critic fit it also prints the floor its arithmetic sets on this
-machine: the fit's floating-point operations over the matrix-product rate measured here, with the fit's threads,
-and ``floor / env = 1 + critic floor / env window``, the ratio an iteration would have if everything but the env and
-the critic's arithmetic were free.
+and the ratio ``iteration / env window`` (``--block K``: K iterations in a row per timing, as in training, where
+the critic fit runs beside the next window's steps), with the process's CPU seconds of both. For the critic fit it
+also prints the floor its arithmetic sets on this machine: the fit's floating-point operations over the
+matrix-product rate measured here, with the fit's threads, and ``floor / env = 1 + critic floor / env window``, the
+ratio an iteration would have if everything but the env and the critic's arithmetic were free.
 PPO is split into SB3's rollout and its ``train()``, and compared with the env's own steps per second without
 gradients at the same number of environments.
 
@@ -206,6 +207,8 @@ def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: 
     from bcg.agents.shac import make_env
     from bcg.agents.train import build_agent
 
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"block must be an int >= 1 (consecutive iterations per timing), got {block!r}")
     cfg = _shac_config(preset, method, motion, seed, overrides or {})
     agent = build_agent(cfg)
     if start is not None:
@@ -220,8 +223,6 @@ def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: 
     for _ in range(warmup):
         agent.train_iteration()
         _env_window(env, cfg.shac.horizon, gen)
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise ValueError(f"block must be an int >= 1 (consecutive iterations per timing), got {block!r}")
     clock, rows, windows, triggers, critic_new = _Clock(), [], [], [], []
     cpu_iteration, cpu_window = [], []
     for i in range(iterations):
@@ -254,9 +255,8 @@ def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: 
         "agent": "shac", "preset": preset, "method": method, "num_envs": c.num_envs, "horizon": c.horizon,
         "samples": samples, "parts": med, "env_window": window, "ratio": med["iteration"] / window,
         "trigger_rate": statistics.mean(triggers), "critic_loss_new": statistics.mean(critic_new), "block": block,
-        # the process's CPU seconds (every thread) per iteration and per env window: unlike wall time, not moved by
-        # other processes on the machine, and their ratio is what the iteration would cost with the cores to itself
-        # if it kept them all busy
+        # the process's CPU seconds (every thread) per iteration and per env window: the work each does, which other
+        # processes on the machine do not move as they move wall time
         "cpu_iteration": statistics.median(cpu_iteration), "cpu_env_window": statistics.median(cpu_window),
         "critic_flops": flops, "matmul_rate": rate, "critic_floor": flops / rate,
         "update_threads": agent.update_threads, "torch_threads": torch.get_num_threads(),
