@@ -332,7 +332,7 @@ def table(results: list[dict[str, Any]]) -> str:
                          f"{p['iteration']:.3f} | " + " | ".join(f"{p[k]:.3f}" for k in PHASES)
                          + f" | {r['env_window']:.3f} | **{r['ratio']:.2f}** | {r['critic_floor']:.3f} | "
                          f"{1 + r['critic_floor'] / r['env_window']:.2f} | {r['trigger_rate']:.3f} | "
-                         f"{r.get('block', 1)} | {r['cpu_iteration']:.3f} / {r['cpu_env_window']:.3f} = "
+                         f"{r['block']} | {r['cpu_iteration']:.3f} / {r['cpu_env_window']:.3f} = "
                          f"{r['cpu_iteration'] / r['cpu_env_window']:.2f} |")
         by = {(r["preset"], r["method"]): r for r in shac}
         for preset in dict.fromkeys(r["preset"] for r in shac):
