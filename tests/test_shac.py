@@ -265,6 +265,32 @@ def test_absurd_gradient_norm_is_skipped(toy) -> None:
         assert torch.equal(v, before[k]), k
 
 
+@pytest.mark.parametrize("clip", [1e3, 1e-3])
+def test_guarded_step_equals_clip_then_step_bit_for_bit(toy, clip: float) -> None:
+    """Below the clip the step leaves out the clip's multiplication by 1.0; above it, it clips: either way the
+    parameters and Adam's moments equal clip_grads_with_norm_ followed by the step, exactly."""
+    import copy
+
+    agent = toy(toy_config())
+    agent.train_iteration()
+    agent.sync()
+    params = list(agent.critics.parameters())
+    twin = copy.deepcopy(agent.critics)
+    twin_opt = torch.optim.Adam(twin.parameters())
+    twin_opt.load_state_dict(copy.deepcopy(agent.critic_opt.state_dict()))
+    obs = torch.randn(5, agent.obs_dim, dtype=params[0].dtype)
+    for net in (agent.critics, twin):
+        net(obs).square().sum().backward()
+    norm, applied = agent._guarded_step(agent.critic_opt, params, clip)
+    assert applied and (norm < clip) == (clip == 1e3)
+    torch.nn.utils.clip_grads_with_norm_(list(twin.parameters()), clip, torch.tensor(norm))
+    twin_opt.step()
+    for p, q in zip(params, twin.parameters(), strict=True):
+        assert torch.equal(p, q)
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(agent.critic_opt.state[p][k], twin_opt.state[q][k])
+
+
 def test_critic_nan_gradient_is_skipped(toy) -> None:
     agent = toy(toy_config())
     p = next(agent.critics.parameters())
