@@ -133,7 +133,9 @@ def test_variance_over_training_checkpoints(tmp_path: Path) -> None:
     data = json.loads((out / "variance.json").read_text())
     assert [e["study"]["iteration"] for e in data["entries"]] == [1, 2, 3]
     assert data["parameters"] == "output layer (3741 parameters)"  # (128 + 1) x 29 of the cpu-small actor
-    # the policies differ between checkpoints, so V does (measured 16.3, 13.9, 4.31 for bptt)
+    # each policy acts through the action map it was trained with (bcg train: residuals around the reference)
+    assert {e["study"]["action_offset"] for e in data["entries"]} == {"reference"}
+    # the policies differ between checkpoints, so V does (measured 43.2, 41.7, 39.8 for bptt)
     vs = [e["summary"]["bptt"]["V"] for e in data["entries"]]
     assert all(v > 0 for v in vs) and len(set(vs)) == 3
     assert (out / "study_variance.png").stat().st_size > 10_000

@@ -109,15 +109,17 @@ class VarianceStudy:
 # -------------------------------------------------------------------------------------------- environment, policy
 
 
-def make_study_env(clip: str, kappa: float, num_envs: int, device: str = "cpu") -> Any:
+def make_study_env(clip: str, kappa: float, num_envs: int, device: str = "cpu", **env_kwargs: Any) -> Any:
     """The differentiable batched env of ``clip`` (a packaged name, as ``BCG-G1-<Clip>-v0``, or a motion file, as
-    ``bcg train --motion`` takes) with ``num_envs`` rows at stiffness kappa. An unknown name or a missing or malformed
-    file raises :class:`~bcg.errors.UserError`."""
+    ``bcg train --motion`` takes) with ``num_envs`` rows at stiffness kappa. ``env_kwargs``: further env options, e.g.
+    a trained policy's action map and dynamics (:func:`bcg.evaluation.evaluate_cli.policy_env_kwargs`; kappa wins
+    over theirs). An unknown name or a missing or malformed file raises :class:`~bcg.errors.UserError`."""
     from bcg.envs.vector_env import G1TrackingVectorEnv
     from bcg.motion.formats import resolve_motion_path
 
     resolve_motion_path(clip)  # a wrong name or path: one line that says what is accepted
-    return G1TrackingVectorEnv(num_envs, clip, differentiable=True, kappa=float(kappa), device=device)
+    return G1TrackingVectorEnv(num_envs, clip, differentiable=True, device=device, **{**env_kwargs,
+                                                                                      "kappa": float(kappa)})
 
 
 def start_states(env: Any, seed: int, count: int, window: int) -> Any:

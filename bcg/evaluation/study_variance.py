@@ -20,8 +20,8 @@ from bcg.envs.dynamics import Dynamics
 from bcg.evaluation.report import pyplot, save_figure, style_axis
 from bcg.sim import ContactParams
 
-__all__ = ["CheckpointPolicy", "StudyVariance", "check_estimator_specs", "run_checkpoints", "variance_markdown",
-           "variance_plot"]
+__all__ = ["CheckpointPolicy", "StudyVariance", "check_estimator_specs", "policy_gradients", "policy_study_env",
+           "run_checkpoints", "variance_markdown", "variance_plot"]
 
 
 def check_estimator_specs(specs: tuple[str, ...]) -> None:
@@ -123,16 +123,8 @@ class StudyVariance:
         from bcg.agents.checkpoint import CheckpointError
         from bcg.agents.export import load_policy
         from bcg.agents.train import export_run
-        from bcg.evaluation.evaluate_cli import policy_motion
-        from bcg.evaluation.gradient_variance import (
-            VarianceStudy,
-            estimator_gradients,
-            make_estimator,
-            make_study_env,
-            start_states,
-            study_dict,
-            summarize,
-        )
+        from bcg.evaluation.evaluate_cli import policy_env_kwargs, policy_motion
+        from bcg.evaluation.gradient_variance import VarianceStudy, make_estimator, study_dict, summarize
 
         try:
             check_estimator_specs(tuple(self.estimators))
@@ -150,25 +142,19 @@ class StudyVariance:
             (self.out / "policies" / run_dir.name).mkdir(parents=True, exist_ok=True)
             for it, ckpt in chosen:
                 policy = load_policy(export_run(ckpt, self.out / "policies" / run_dir.name / f"iter_{it:06d}.pt"))
-                clip = policy_motion(policy.motion)  # a packaged name, or the run's own file (its hash checked)
-                kappa = float(policy.meta.get("env", {}).get("kappa") or ContactParams.kappa)
-                if made_for != (str(clip), kappa):
-                    env, made_for = make_study_env(clip, kappa, 2 * self.num_envs, self.device), (str(clip), kappa)
+                key = (policy_motion(policy.motion), repr(policy_env_kwargs(policy)))
+                if made_for != key:
+                    (env, clip, kappa), made_for = policy_study_env(policy, 2 * self.num_envs, self.device), key
                 cp = CheckpointPolicy(policy)
-                theta0 = cp.initial_theta(self.num_envs).to(env.device)
                 for w in self.windows:
                     st = VarianceStudy(clip=clip, dynamics=Dynamics(kappa=kappa), num_envs=self.num_envs, window=int(w),
                                        seeds=tuple(self.seeds), bootstrap=self.bootstrap, confidence=self.confidence,
                                        zo_rounds=0, device=self.device)
                     t0 = time.perf_counter()
-                    runs: dict[str, dict[int, Any]] = {spec: {} for spec in self.estimators}
-                    for seed in st.seeds:
-                        start = start_states(env, seed, st.num_envs, st.window)
-                        for spec, est in built.items():
-                            runs[spec][seed] = estimator_gradients(env, est, cp, theta0, start, st.window, seed)
+                    runs = policy_gradients(env, built, cp, st)
                     summary = summarize(runs, self.estimators[0], bootstrap=st.bootstrap, confidence=st.confidence)
                     entries.append({"study": study_dict(st) | {"iteration": it, "checkpoint": str(ckpt),
-                                                               "run": run_dir.name},
+                                                               "run": run_dir.name, "action_offset": env.action_offset},
                                     "summary": _json_safe(summary), "seconds": time.perf_counter() - t0})
                     v = ", ".join(f"{e}: V {summary[e]['V']:.3g}" for e in self.estimators)
                     print(f"  {run_dir.name} iteration {it} T {w}: {v} ({entries[-1]['seconds']:.0f} s)", flush=True)
@@ -177,6 +163,38 @@ class StudyVariance:
                 "parameters": f"output layer ({cp.num_params} parameters)"}
         _write_variance_outputs(data, self.out)
         return 0
+
+
+def policy_study_env(policy: Any, num_envs: int, device: str = "cpu") -> tuple[Any, str, float]:
+    """``(env, clip, kappa)``: the differentiable env a trained ``policy`` (an exported policy,
+    :func:`bcg.agents.export.load_policy`) is studied on, with ``num_envs`` rows: its clip (a packaged name, or its
+    file with the hash checked), its kappa [1/m], and the action map and dynamics it was trained with, as ``bcg
+    evaluate`` replays it. The action map matters: a policy trained on residuals around the reference, read through
+    the env's default map (offsets from the default pose), sends other targets and falls."""
+    from bcg.evaluation.evaluate_cli import policy_env_kwargs, policy_motion
+    from bcg.evaluation.gradient_variance import make_study_env
+
+    clip = policy_motion(policy.motion)
+    kappa = float(policy.meta.get("env", {}).get("kappa") or ContactParams.kappa)
+    return make_study_env(clip, kappa, num_envs, device, **policy_env_kwargs(policy)), clip, kappa
+
+
+def policy_gradients(env: Any, estimators: dict[str, Any], policy: CheckpointPolicy, study: Any
+                     ) -> dict[str, dict[int, Any]]:
+    """The window-return gradients of a trained ``policy`` under each estimator (spec -> built estimator), per seed of
+    ``study`` (a :class:`~bcg.evaluation.gradient_variance.VarianceStudy`: its ``num_envs`` start states per seed, its
+    window), for :func:`~bcg.evaluation.gradient_variance.summarize`: ``{spec: {seed: EstimatorRun}}``, each run's
+    ``grads`` [num_envs, P] with respect to every environment's own copy of the output layer (P parameters).
+    ``env`` holds at least ``2 num_envs`` environments (a bundle's rows come from them)."""
+    from bcg.evaluation.gradient_variance import estimator_gradients, start_states
+
+    theta0 = policy.initial_theta(study.num_envs).to(env.device)
+    runs: dict[str, dict[int, Any]] = {spec: {} for spec in estimators}
+    for seed in study.seeds:
+        start = start_states(env, seed, study.num_envs, study.window)
+        for spec, est in estimators.items():
+            runs[spec][seed] = estimator_gradients(env, est, policy, theta0, start, study.window, seed)
+    return runs
 
 
 def run_checkpoints(run_dir: Path, count: int) -> list[tuple[int, Path]]:
