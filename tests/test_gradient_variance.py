@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from bcg.agents.threads import torch_threads
 from bcg.envs.dynamics import Dynamics
 from bcg.estimators import parse_spec
 from bcg.evaluation.gradient_variance import (
@@ -42,28 +43,31 @@ def test_per_env_gradients_equal_the_gradients_computed_env_by_env(jump) -> None
     gives the same gradient up to float32 rounding on a 2-step window (measured: row 0 bit-identical, the others
     within 1e-4 of the largest entry; by 6 steps rounding differences of 1e-7 in the state have grown into a 12 %
     gradient difference on one row, which is how sensitive these gradients are)."""
-    env, policy = jump
-    start = start_states(env, 0, 3, 6)
-    theta0 = policy.initial_theta(3, std=0.01, seed=1)
-    batched = estimator_gradients(env, make_estimator("bptt"), policy, theta0, start, 2, seed=0)
-    assert batched.grads.shape == (3, (policy.obs_dim + 1) * 29)
-    for e in range(3):
-        alone = estimator_gradients(env, make_estimator("bptt"), policy, theta0[e:e + 1], start[e:e + 1], 2, seed=0)
-        scale = float(alone.grads.abs().max())
-        torch.testing.assert_close(alone.grads[0], batched.grads[e], rtol=0, atol=1e-3 * scale)
-        torch.testing.assert_close(alone.returns[0], batched.returns[e])
-    assert torch.equal(estimator_gradients(env, make_estimator("bptt"), policy, theta0[:1], start[:1], 2, 0).grads[0],
-                       batched.grads[0])
-    # the gradient of one row's return reaches its own copy of theta only (two rollouts: the Warp tape supports one
-    # backward per step)
-    from bcg.evaluation.gradient_variance import _rollout_return
+    # bit for bit across batch sizes on one torch thread: with two, MKL may split a product another way when the
+    # machine is loaded
+    with torch_threads(1):
+        env, policy = jump
+        start = start_states(env, 0, 3, 6)
+        theta0 = policy.initial_theta(3, std=0.01, seed=1)
+        batched = estimator_gradients(env, make_estimator("bptt"), policy, theta0, start, 2, seed=0)
+        assert batched.grads.shape == (3, (policy.obs_dim + 1) * 29)
+        for e in range(3):
+            alone = estimator_gradients(env, make_estimator("bptt"), policy, theta0[e:e + 1], start[e:e + 1], 2, seed=0)
+            scale = float(alone.grads.abs().max())
+            torch.testing.assert_close(alone.grads[0], batched.grads[e], rtol=0, atol=1e-3 * scale)
+            torch.testing.assert_close(alone.returns[0], batched.returns[e])
+        first = estimator_gradients(env, make_estimator("bptt"), policy, theta0[:1], start[:1], 2, 0)
+        assert torch.equal(first.grads[0], batched.grads[0])
+        # the gradient of one row's return reaches its own copy of theta only (two rollouts: the Warp tape supports one
+        # backward per step)
+        from bcg.evaluation.gradient_variance import _rollout_return
 
-    full = estimator_gradients(env, make_estimator("bptt"), policy, theta0, start, 6, seed=0).grads
-    theta = theta0.clone().requires_grad_(True)
-    ret, _ = _rollout_return(env, policy, theta, start, 6)
-    one = torch.autograd.grad(ret[1], theta)[0].reshape(3, -1).double()
-    assert one[0].abs().max() == 0 and one[2].abs().max() == 0
-    torch.testing.assert_close(one[1], full[1], rtol=1e-6, atol=1e-6 * float(full[1].abs().max()))
+        full = estimator_gradients(env, make_estimator("bptt"), policy, theta0, start, 6, seed=0).grads
+        theta = theta0.clone().requires_grad_(True)
+        ret, _ = _rollout_return(env, policy, theta, start, 6)
+        one = torch.autograd.grad(ret[1], theta)[0].reshape(3, -1).double()
+        assert one[0].abs().max() == 0 and one[2].abs().max() == 0
+        torch.testing.assert_close(one[1], full[1], rtol=1e-6, atol=1e-6 * float(full[1].abs().max()))
 
 
 def test_identical_environments_have_zero_variance_and_estimator_noise_shows(jump) -> None:
