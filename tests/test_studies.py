@@ -155,6 +155,21 @@ def test_variance_over_training_checkpoints(tmp_path: Path) -> None:
     assert main(["study", "variance", "--run-dir", str(tmp_path / "r"), str(tmp_path / "r"), "--out", str(both)]) == 2
 
 
+def test_variance_study_of_a_policy_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """--run-dir takes an exported policy too: measured once (iteration 0) on its clip, through its action map; a file
+    that is not a policy is refused before anything runs."""
+    policy = Path(__file__).parent / "data" / "policy_run_shac_bcg.pt"
+    out = tmp_path / "var"
+    assert main(["study", "variance", "--run-dir", str(policy), "--estimators", "bptt", "bcg", "--windows", "4",
+                 "--seeds", "0", "--num-envs", "4", "--bootstrap", "50", "--out", str(out)]) == 0
+    (entry,) = json.loads((out / "variance.json").read_text())["entries"]
+    assert (entry["study"]["run"], entry["study"]["iteration"], entry["study"]["clip"]) == (policy.name, 0, "run")
+    assert entry["study"]["action_offset"] == "reference" and entry["summary"]["bptt"]["fell"] == 0.0
+    readme = Path(__file__).parents[1] / "README.md"
+    assert main(["study", "variance", "--run-dir", str(readme), "--out", str(tmp_path / "x")]) == 2
+    assert "is not a torch file" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
 def test_sensitivity_study_tiny(tmp_path: Path) -> None:
     """Branch versus bundle on the jump clip's first landing: the bundle is the branches' mean, the plot is written,
     and the window across touchdown has a non-zero sensitivity (in flight dv_z/dp_z is exactly 0)."""

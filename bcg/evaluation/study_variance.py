@@ -20,8 +20,8 @@ from bcg.envs.dynamics import Dynamics
 from bcg.evaluation.report import pyplot, save_figure, style_axis
 from bcg.sim import ContactParams
 
-__all__ = ["CheckpointPolicy", "StudyVariance", "check_estimator_specs", "policy_gradients", "policy_study_env",
-           "run_checkpoints", "variance_markdown", "variance_plot"]
+__all__ = ["CheckpointPolicy", "StudyVariance", "check_estimator_specs", "policy_gradients", "policy_sources",
+           "policy_study_env", "run_checkpoints", "variance_markdown", "variance_plot"]
 
 
 def check_estimator_specs(specs: tuple[str, ...]) -> None:
@@ -82,7 +82,9 @@ class StudyVariance:
     run_dir: tuple[Path, ...] = ()
     """Over training: one or more `bcg train` run directories (e.g. a SHAC run and a SHAC+BCG run); V is measured at
     each run's checkpoints (train with --checkpoint-every) on the trained network, per-environment copies of its
-    output layer (clip and kappa: each run's own; --clips and --kappas are then ignored)."""
+    output layer, the policy acting through its own action map (clip and kappa: each run's own; --clips and --kappas
+    are then ignored). A policy file (`bcg export`'s, or a run's policy.pt) counts as a run of one checkpoint
+    (iteration 0)."""
     checkpoints: int = 5
     """Over training: how many of the run's checkpoints, evenly spaced from the first to the last."""
     out: Path = Path("runs/study_variance")
@@ -132,16 +134,19 @@ class StudyVariance:
             if len(set(names)) != len(names):
                 raise ValueError(f"--run-dir: the run directories need distinct names (they label the curves), got "
                                  f"{names}")
-            runs_chosen = [(Path(r), run_checkpoints(Path(r), self.checkpoints)) for r in self.run_dir]
+            runs_chosen = [(Path(r), policy_sources(Path(r), self.checkpoints)) for r in self.run_dir]
         except (ValueError, CheckpointError) as exc:
             print(f"bcg study variance: error: {exc}", file=sys.stderr)
             return 2
         built = {spec: make_estimator(spec) for spec in self.estimators}
         entries, env, made_for, cp = [], None, None, None
         for run_dir, chosen in runs_chosen:
-            (self.out / "policies" / run_dir.name).mkdir(parents=True, exist_ok=True)
             for it, ckpt in chosen:
-                policy = load_policy(export_run(ckpt, self.out / "policies" / run_dir.name / f"iter_{it:06d}.pt"))
+                if run_dir.is_file():
+                    policy = load_policy(run_dir)
+                else:
+                    (self.out / "policies" / run_dir.name).mkdir(parents=True, exist_ok=True)
+                    policy = load_policy(export_run(ckpt, self.out / "policies" / run_dir.name / f"iter_{it:06d}.pt"))
                 key = (policy_motion(policy.motion), repr(policy_env_kwargs(policy)))
                 if made_for != key:
                     (env, clip, kappa), made_for = policy_study_env(policy, 2 * self.num_envs, self.device), key
@@ -195,6 +200,18 @@ def policy_gradients(env: Any, estimators: dict[str, Any], policy: CheckpointPol
         for spec, est in estimators.items():
             runs[spec][seed] = estimator_gradients(env, est, policy, theta0, start, study.window, seed)
     return runs
+
+
+def policy_sources(run: Path, count: int) -> list[tuple[int, Path]]:
+    """The (iteration, file) pairs a study measures for ``run``: ``count`` of a run directory's checkpoints
+    (:func:`run_checkpoints`), or a policy file itself as iteration 0 (read here, so that a file that is not a policy
+    is refused before anything is measured: :class:`~bcg.agents.export.PolicyFileError`)."""
+    from bcg.agents.export import load_policy
+
+    if run.is_file():
+        load_policy(run)
+        return [(0, run)]
+    return run_checkpoints(run, count)
 
 
 def run_checkpoints(run_dir: Path, count: int) -> list[tuple[int, Path]]:
