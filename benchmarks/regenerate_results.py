@@ -36,6 +36,9 @@ METHOD_RUNS: tuple[str, ...] = (
     "def20-ppo-fight-s0", "def20-ppo-fight-s1",
     "def20-bcg-dance-new-s0", "def20-bcg-dance-fix-s1", "def20-bptt-dance-s0", "def20-bptt-dance-s1",
     "def20-ppo-dance-s0", "def20-ppo-dance-s1",
+    # third seeds
+    "ts-bcg-run-s2", "ts-bptt-run-s2", "ts-ppo-run-s2", "def20-bcg-fight-s2", "def20-bptt-fight-s2",
+    "def20-ppo-fight-s2", "def20-bcg-dance-s2", "def20-bptt-dance-s2", "def20-ppo-dance-s2",
 )
 """`bcg train`'s default settings per clip and method (run, fight, dance 1200 s; jump 3600 s); runs of the earlier
 default (a failure credited to the end of its episode) and of today's are labelled apart by the study."""
