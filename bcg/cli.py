@@ -176,6 +176,9 @@ class Bench:
     start: Path | None = None
     """With --learning: a SHAC run of the timed preset to start from (the contact forces, hence bcg's trigger rate, of
     a policy that tracks)."""
+    critic_fit_worker: Literal["thread", "process"] = "thread"
+    """With --learning: where SHAC's overlapping critic fit runs (bcg train --critic-fit-worker); with process, its
+    time is not in the critic column but in what the iteration waits for it (other)."""
 
     def __post_init__(self) -> None:
         from bcg.envs.config import check_count
@@ -194,7 +197,8 @@ class Bench:
             from bcg.evaluation.learning_throughput import main as learning_main
 
             argv = ["--presets", *self.presets, "--methods", *self.methods, "--iterations", str(self.iterations),
-                    "--block", str(self.block), "--torch-threads", str(self.torch_threads)]
+                    "--block", str(self.block), "--torch-threads", str(self.torch_threads),
+                    "--critic-fit-worker", self.critic_fit_worker]
             if self.json is not None:
                 argv += ["--json", str(self.json)]
             if self.start is not None:

@@ -25,8 +25,9 @@ import time
 
 import torch
 
+from bcg.agents.critic_fit import regress_values
 from bcg.agents.networks import CriticEnsemble
-from bcg.agents.shac import polyak_, regress_values, td_lambda_targets
+from bcg.agents.shac import polyak_, td_lambda_targets
 
 WORKLOADS: dict[str, dict] = {
     "16 passes x 4 (paper)": dict(passes=16, minibatches=4),

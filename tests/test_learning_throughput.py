@@ -62,6 +62,21 @@ def test_a_block_times_consecutive_iterations_per_iteration(monkeypatch: pytest.
         measure_shac("cpu-small", "bptt", iterations=1, warmup=0, overrides=TINY_SHAC, block=0)
 
 
+def test_a_fit_in_a_worker_process_is_timed_by_what_the_iteration_waits_for() -> None:
+    """--critic-fit-worker process: the fit runs in the worker (it overlaps on one torch thread), so the critic part
+    is 0 and the table says where its time went."""
+    from bcg.agents.threads import torch_threads
+
+    with torch_threads(1):
+        r = measure_shac("cpu-small", "bptt", iterations=2, warmup=1, overrides=TINY_SHAC, block=2,
+                         critic_fit_worker="process")
+    p = r["parts"]
+    assert r["critic_fit_worker"] == "process" and p["critic"] == 0.0 and p["sim_fwd"] > 0
+    assert sum(p[k] for k in PHASES) == pytest.approx(p["iteration"], rel=1e-9)
+    text = table([r])
+    assert "| cpu-small | bptt (fit in a process) |" in text and "its CPU seconds are not counted" in text
+
+
 def test_the_timed_transition_still_reports_the_estimators_statistics() -> None:
     """The timer around env.transition_fn must not hide the estimator's per-call statistics (trigger rate)."""
     from bcg.agents.shac import SHAC, SHACConfig

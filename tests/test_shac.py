@@ -430,6 +430,80 @@ def test_the_critic_fit_beside_the_actor_update_changes_no_number(tmp_path, esti
         overlapped.train_iteration()
 
 
+def test_the_critic_fit_in_a_worker_process_changes_no_number(tmp_path) -> None:
+    """critic_fit_worker="process": the overlapping fit runs in another process on the critics and Adam state in
+    shared memory, and every metric and parameter equals the serial order's bit for bit (the critic columns one
+    window late, as on the thread); a saved state joins it and resumes exactly in a new agent with its own worker; a
+    worker that dies is reported where the fit is joined."""
+    import os
+
+    from bcg.estimators import make
+
+    def new_agent(overlap: bool) -> SHAC:
+        cfg = SHACConfig(num_envs=3, horizon=4, actor_hidden=(16,), critic_hidden=(16,), critic_iterations=3,
+                         critic_minibatches=2, max_iterations=10, target_critic_alpha=0.9)
+        return SHAC(cfg, EnvConfig(motion_file=standing_motion(0.3), domain_randomization=True),
+                    estimator=make("bcg", tau=20.0, branches=3), seed=5, overlap_critic_fit=overlap,
+                    critic_fit_worker="process")
+
+    serial, worker = new_agent(False), new_agent(True)
+    before = None
+    for _ in range(3):
+        m_s, m_w = serial.train_iteration(), worker.train_iteration()
+        assert _numbers({k: v for k, v in m_s.items() if k not in CRITIC_COLUMNS}) == \
+            _numbers({k: v for k, v in m_w.items() if k not in CRITIC_COLUMNS})
+        if before is not None:
+            assert [m_w[k] for k in CRITIC_COLUMNS[:3]] == [before[k] for k in CRITIC_COLUMNS[:3]]
+        before = m_s
+    assert serial._fit_process is None and worker._fit_process._proc.pid != os.getpid()
+    path = tmp_path / "worker.pt"
+    torch.save(worker.state_dict(), path)  # joins the last fit
+    for a, b in ((serial.critics, worker.critics), (serial.target_critics, worker.target_critics)):
+        assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True))
+    for p, q in zip(serial.critics.parameters(), worker.critics.parameters(), strict=True):
+        assert all(torch.equal(serial.critic_opt.state[p][k], worker.critic_opt.state[q][k])
+                   for k in ("step", "exp_avg", "exp_avg_sq"))
+    resumed = new_agent(True)
+    resumed.load_state_dict(torch.load(path, weights_only=True))
+    assert _numbers(resumed.train_iteration()) == _numbers(worker.train_iteration())
+    resumed.sync()
+    worker._fit_process._proc.kill()
+    worker._fit_process._proc.join()
+    with pytest.raises(RuntimeError, match="critic fit process ended unexpectedly"):
+        worker.train_iteration()
+        worker.train_iteration()
+
+
+def test_the_worker_process_fit_equals_the_fit_here_with_skipped_steps() -> None:
+    """ProcessCriticFit against fit_critics on copies of the same critics: the same losses, norms and skipped steps
+    (a window with a non-finite target skips every step), parameters and Adam moments, bit for bit."""
+    import copy
+
+    from bcg.agents.critic_fit import ProcessCriticFit, fit_critics
+    from bcg.agents.networks import CriticEnsemble
+
+    torch.manual_seed(0)
+    here = CriticEnsemble(12, (8, 8), 2)
+    there = copy.deepcopy(here)
+    opts = [torch.optim.Adam(c.parameters(), lr=1e-2, betas=(0.7, 0.95), fused=True) for c in (here, there)]
+    worker = ProcessCriticFit(there, opts[1], rows=20, passes=3, minibatches=2, clip=0.5, skip_norm=1e3)
+    try:
+        for w in range(3):
+            obs, targets = torch.randn(20, 12), torch.randn(20)
+            if w == 1:
+                targets[3] = float("inf")
+            a = fit_critics(here, opts[0], obs, targets, 3, 2, 0.5, 1e3)
+            b = worker.submit(obs, targets, 1e-2).result()
+            assert repr(a) == repr(b)  # NaN where the inf target's minibatch is (its steps skipped)
+            assert a[3] == (3 if w == 1 else 0)
+            for p, q in zip(here.parameters(), there.parameters(), strict=True):
+                assert torch.equal(p, q)
+                assert all(torch.equal(opts[0].state[p][k], opts[1].state[q][k]) for k in ("exp_avg", "exp_avg_sq"))
+    finally:
+        worker.close()
+    assert not worker._proc.is_alive()
+
+
 def test_state_dict_refuses_other_config() -> None:
     cfg = SHACConfig(num_envs=2, horizon=2, actor_hidden=(8,), critic_hidden=(8,), critic_iterations=1)
     env_cfg = EnvConfig(motion_file=standing_motion(0.3))

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from bcg.agents.critic_fit import fit_critics, guarded_step
 from bcg.agents.networks import ACTIVATIONS, CriticEnsemble, GaussianActor
 from bcg.agents.normalization import FrozenNormalizer, RunningMeanStd
 from bcg.agents.threads import available_cores, torch_threads
@@ -271,6 +272,9 @@ class SHAC:
             fit uses, so the numbers are those of the serial order, bit for bit, and only the wall time changes.
             The critic columns of an iteration's metrics are then those of the previous window's fit (NaN at the
             first iteration).
+        critic_fit_worker: where an overlapping fit runs: ``"thread"`` (a second thread of this process) or
+            ``"process"`` (a worker process, :class:`bcg.agents.critic_fit.ProcessCriticFit`: outside this
+            interpreter's lock, the critics and their optimiser state in shared memory; the same numbers).
     """
 
     LATER_STATE_KEYS = ("last_fit",)
@@ -279,7 +283,7 @@ class SHAC:
 
     def __init__(self, config: SHACConfig, env_config: EnvConfig | None = None, estimator: Any = None,
                  add: Any = None, seed: int = 0, update_threads: int | None = None, *, env: Any = None,
-                 overlap_critic_fit: bool = False):
+                 overlap_critic_fit: bool = False, critic_fit_worker: Literal["thread", "process"] = "thread"):
         from bcg.estimators import Estimator, make
 
         if not isinstance(config, SHACConfig):
@@ -298,6 +302,10 @@ class SHAC:
         """Torch intra-op threads of the critic fit (the rollout keeps the caller's setting)."""
         self.overlap_critic_fit = bool(overlap_critic_fit)
         """Whether the critic fit runs beside the actor update (see the class docstring)."""
+        if critic_fit_worker not in ("thread", "process"):
+            raise ValueError(f"critic_fit_worker must be 'thread' or 'process', got {critic_fit_worker!r}")
+        self.critic_fit_worker = critic_fit_worker
+        self._fit_process: Any = None  # a ProcessCriticFit, made on first use
         self._fit_thread: Any = None  # a one-worker executor, made on first use
         self._pending_fit: Any = None  # the fit begun last and not joined yet (a concurrent.futures.Future)
         self._last_fit: tuple[float, float, float] = (math.nan, math.nan, math.nan)  # joined last: loss, norm, new
@@ -497,18 +505,7 @@ class SHAC:
     def _guarded_step(self, opt: torch.optim.Optimizer, params: list[nn.Parameter], clip: float) -> tuple[float, bool]:
         """Clip the gradients of ``params`` to ``clip`` and step ``opt``, unless the norm before clipping is
         non-finite or above ``skip_grad_norm``: then nothing is applied. Returns (norm before clipping, applied)."""
-        grads = [p.grad for p in params if p.grad is not None]
-        norm = float(torch.nn.utils.get_total_norm(grads)) if grads else 0.0
-        if not math.isfinite(norm) or norm > self.config.skip_grad_norm:
-            opt.zero_grad(set_to_none=True)
-            return norm, False
-        # below the clip, clipping multiplies every gradient by exactly 1.0: skipping that pass changes no number and
-        # spares the critic fit one read and write of all its gradients per step (its norm is under 10 in 99.8 % of
-        # iterations); the margin keeps float32 rounding of the clip coefficient on the skipped side
-        if norm + 1e-6 >= clip * (1.0 - 1e-4):
-            torch.nn.utils.clip_grads_with_norm_(params, clip, torch.tensor(norm))
-        opt.step()
-        return norm, True
+        return guarded_step(opt, params, clip, self.config.skip_grad_norm)
 
     def _actor_update(self, window: Window) -> float:
         """Backpropagate the window's actor loss (through the simulator) and step the actor; returns the gradient
@@ -529,9 +526,9 @@ class SHAC:
                 and available_cores() >= 2)
 
     def _start_critic_fit(self, window: Window, lr: float) -> bool:
-        """Begin :meth:`_fit_critics` on the window at critic learning rate ``lr``: on the second thread where
-        :meth:`_overlapping`, else now, here; :meth:`sync` completes it. Returns whether it runs on the second
-        thread."""
+        """Begin :meth:`_fit_critics` on the window at critic learning rate ``lr``: on the second thread (or in the
+        worker process, ``critic_fit_worker``) where :meth:`_overlapping`, else now, here; :meth:`sync` completes
+        it. Returns whether it runs beside the caller."""
         from concurrent.futures import Future, ThreadPoolExecutor
 
         for g in self.critic_opt.param_groups:
@@ -541,6 +538,17 @@ class SHAC:
                 self._pending_fit = Future()
                 self._pending_fit.set_result(self._fit_critics(window))
             return False
+        if self.critic_fit_worker == "process":
+            if self._fit_process is None:
+                from bcg.agents.critic_fit import ProcessCriticFit
+
+                cfg = self.config
+                self._fit_process = ProcessCriticFit(
+                    self.critics, self.critic_opt, rows=cfg.num_envs * cfg.horizon, passes=cfg.critic_iterations,
+                    minibatches=cfg.critic_minibatches, clip=cfg.critic_grad_norm, skip_norm=cfg.skip_grad_norm,
+                    threads=self.update_threads)
+            self._pending_fit = self._fit_process.submit(*self._fit_data(window), lr)
+            return True
         if self._fit_thread is None:
             self._fit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcg-critic-fit")
         # the fit gets the window without its actor loss: that holds the rollout's graph and, with it, the simulator's
@@ -574,19 +582,15 @@ class SHAC:
         before training on it, so its loss measures how well the critics predict targets they have not seen
         (progressive validation): the measure of fit that more passes cannot lower by memorising the window."""
         cfg = self.config
+        obs, targets = self._fit_data(window)
+        return fit_critics(self.critics, self.critic_opt, obs, targets, cfg.critic_iterations, cfg.critic_minibatches,
+                           cfg.critic_grad_norm, cfg.skip_grad_norm)
+
+    def _fit_data(self, window: Window) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fit's samples of a window: observations [N E, D] and TD(lambda) targets [N E]."""
+        cfg = self.config
         targets = self.td_lambda_targets(window.rewards, window.next_values, window.dones, cfg.gamma, cfg.lam)
-        params = list(self.critics.parameters())
-        max_norm, skipped = 0.0, 0
-
-        def step() -> None:
-            nonlocal max_norm, skipped
-            norm, applied = self._guarded_step(self.critic_opt, params, cfg.critic_grad_norm)
-            max_norm = max(max_norm, norm) if math.isfinite(norm) else norm
-            skipped += not applied
-
-        passes = regress_values(self.critics, self.critic_opt, window.critic_obs.reshape(-1, self.obs_dim),
-                                targets.reshape(-1), cfg.critic_iterations, cfg.critic_minibatches, step)
-        return passes[-1], max_norm, passes[0], skipped
+        return window.critic_obs.reshape(-1, self.obs_dim), targets.reshape(-1)
 
     @torch.no_grad()
     def _update_target_critics(self) -> None:
@@ -692,6 +696,9 @@ class SHAC:
         from bcg.envs.state import EnvState
 
         self.sync()  # a fit still running would write into the critics being replaced
+        if self._fit_process is not None:  # the optimiser's state is replaced below: a new worker shares the new one
+            self._fit_process.close()
+            self._fit_process = None
         if state.get("format") == "bcg.shac/1":
             state = _stack_critics_of_v1(state, self.critics)
         if state.get("format") != STATE_FORMAT:
@@ -755,27 +762,6 @@ class SHAC:
             mean = torch.zeros(self.obs_dim, dtype=torch.float64, device=self.device)
             var, eps, clip = torch.ones_like(mean), 0.0, None
         return policy_export(self.actor.mean_net, mean, var, obs_eps=eps, obs_clip=clip, env=self.env, agent="shac")
-
-
-def regress_values(critics: CriticEnsemble, opt: torch.optim.Optimizer, obs: torch.Tensor, targets: torch.Tensor,
-                   passes: int, minibatches: int, step: Any) -> list[float]:
-    """Fit ``critics`` to ``targets`` [B] on ``obs`` [B, D]: ``passes`` over ``minibatches`` contiguous minibatches,
-    each critic's mean squared error summed over the critics; after each backward ``step()`` clips and steps ``opt``.
-    Returns each pass's mean MSE per critic (the first pass meets every minibatch before training on it)."""
-    size = math.ceil(obs.shape[0] / minibatches)
-    losses = []
-    for _ in range(passes):
-        total = 0.0
-        for b in range(minibatches):
-            sl = slice(b * size, (b + 1) * size)
-            opt.zero_grad(set_to_none=True)
-            loss = (critics(obs[sl]) - targets[sl][None]).square().mean(1).sum()
-            loss.backward()
-            step()
-            total += float(loss.detach()) / critics.num_critics
-        losses.append(total / minibatches)
-    opt.zero_grad(set_to_none=True)
-    return losses
 
 
 @torch.no_grad()

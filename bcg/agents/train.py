@@ -69,7 +69,8 @@ def build_agent(cfg: TrainConfig) -> Any:
         from bcg.agents.shac import SHAC, make_env
 
         return SHAC(cfg.shac, env=make_env(cfg.shac, env_cfg), estimator=dataclasses.replace(cfg.estimator), add=add,
-                    seed=cfg.seed, update_threads=cfg.update_threads, overlap_critic_fit=cfg.overlap_critic_fit)
+                    seed=cfg.seed, update_threads=cfg.update_threads, overlap_critic_fit=cfg.overlap_critic_fit,
+                    critic_fit_worker=cfg.critic_fit_worker)
     from bcg.agents.ppo import PPOAgent
     from bcg.agents.ppo import make_env as make_ppo_env
 

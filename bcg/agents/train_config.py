@@ -44,7 +44,8 @@ __all__ = [
 
 RUN_CONTROL_FIELDS: tuple[str, ...] = ("iterations", "max_time_s", "checkpoint_every", "resume", "branch", "out",
                                        "name", "device", "torch_threads", "update_threads", "overlap_critic_fit",
-                                       "progress", "tensorboard", "eval_every", "eval_episodes", "eval_seconds")
+                                       "critic_fit_worker", "progress", "tensorboard", "eval_every", "eval_episodes",
+                                       "eval_seconds")
 """TrainConfig fields a resumed run may change: how long and where it runs, not what it computes (the numbers are
 exact on the device the checkpoint was written on)."""
 
@@ -203,6 +204,9 @@ class TrainConfig:
     """SHAC: fit the critics on a second thread while the actor's backward pass, the ADD update and the next window's
     steps run (the same numbers bit for bit; the critic columns of metrics.csv are then the previous window's fit;
     benchmarks/critic_overlap.py; bcg.agents.shac.SHAC). Only where the fit and the rest use one torch thread each."""
+    critic_fit_worker: Literal["thread", "process"] = "thread"
+    """SHAC, with overlap_critic_fit: run the overlapping fit on a second thread or in a worker process (outside the
+    interpreter's lock; the critics in shared memory; the same numbers; bcg.agents.critic_fit)."""
     progress: bool = True
     """Show a progress bar with live figures."""
     tensorboard: bool = True
