@@ -105,9 +105,9 @@ ABLATION: tuple[tuple[str, tuple[str, ...]], ...] = (
 """The ablation on the run clip (SHAC+BCG, 1200 s): each lever off, the rest on."""
 
 METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("SHAC+BCG", ("ts-bcg-run-s0", "ts-bcg-run-s1")),
-    ("SHAC (bptt)", ("ts-bptt-run-s0", "ts-bptt-run-s1")),
-    ("PPO", ("ts-ppo-run-s0", "ts-ppo-run-s1")),
+    ("SHAC+BCG", ("ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bcg-run-s2")),
+    ("SHAC (bptt)", ("ts-bptt-run-s0", "ts-bptt-run-s1", "ts-bptt-run-s2")),
+    ("PPO", ("ts-ppo-run-s0", "ts-ppo-run-s1", "ts-ppo-run-s2")),
 )
 """The three methods on the run clip at the same settings and budget (1200 s)."""
 
@@ -122,15 +122,15 @@ METHODS_JUMP: tuple[tuple[str, tuple[str, ...]], ...] = (
 DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (1200 s; seed 1 trained after the bundle-gradient correction)",
      ("def20-bcg-run-credit-s0", "def20-bcg-run-credit-s1")),
-    ("run (1200 s), earlier default: --adaptive-start-credit end", ("ts-bcg-run-s0", "ts-bcg-run-s1")),
+    ("run (1200 s), earlier default: --adaptive-start-credit end", ("ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bcg-run-s2")),
     ("run (3600 s), earlier default", ("def60-bcg-run-s0", "def60-bcg-run-s1")),
     ("jump (3600 s)", ("def60-bcg-jump-credit-s0", "def60-bcg-jump-credit-s1")),
     ("jump (3600 s), earlier default", ("def60-bcg-jump-s0", "def60-bcg-jump-s1")),
-    ("fight (1200 s; seed 1 trained after the bundle-gradient correction)",
-     ("def20-bcg-fight-new-s0", "def20-bcg-fight-fix-s1")),
+    ("fight (1200 s; seeds 1 and 2 trained after the bundle-gradient correction)",
+     ("def20-bcg-fight-new-s0", "def20-bcg-fight-fix-s1", "def20-bcg-fight-s2")),
     ("fight (1200 s), earlier default", ("def-bcg-fight-s0", "def-bcg-fight-s1")),
-    ("dance (1200 s; seed 1 trained after the bundle-gradient correction)",
-     ("def20-bcg-dance-new-s0", "def20-bcg-dance-fix-s1")),
+    ("dance (1200 s; seeds 1 and 2 trained after the bundle-gradient correction)",
+     ("def20-bcg-dance-new-s0", "def20-bcg-dance-fix-s1", "def20-bcg-dance-s2")),
     ("dance (1200 s), earlier default", ("def-bcg-dance-s0", "def-bcg-dance-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s)", ("def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s), earlier default", ("def60-bcg-jazzwalk-s0", "def60-bcg-jazzwalk-s1")),
