@@ -176,9 +176,9 @@ class Bench:
     start: Path | None = None
     """With --learning: a SHAC run of the timed preset to start from (the contact forces, hence bcg's trigger rate, of
     a policy that tracks)."""
-    critic_fit_worker: Literal["thread", "process"] = "thread"
-    """With --learning: where SHAC's overlapping critic fit runs (bcg train --critic-fit-worker); with process, its
-    time is not in the critic column but in what the iteration waits for it (other)."""
+    critic_fit_worker: Literal["thread", "process"] = "process"
+    """With --learning: where SHAC's overlapping critic fit runs (bcg train --critic-fit-worker, the same default);
+    with process, its time is not in the critic column but in what the iteration waits for it (other)."""
 
     def __post_init__(self) -> None:
         from bcg.envs.config import check_count

@@ -474,6 +474,31 @@ def test_the_critic_fit_in_a_worker_process_changes_no_number(tmp_path) -> None:
         worker.train_iteration()
 
 
+def test_a_worker_process_that_cannot_start_leaves_the_fit_on_a_thread(monkeypatch) -> None:
+    """Where no worker process may start (a daemonic pool worker, say), the agent warns once and fits on the second
+    thread, with the same numbers; stop_workers ends the thread (and a worker) and the next iteration starts it
+    again."""
+    from bcg.agents import critic_fit
+
+    def refuse(*a, **k):
+        raise AssertionError("daemonic processes are not allowed to have children")
+
+    monkeypatch.setattr(critic_fit, "ProcessCriticFit", refuse)
+    cfg = SHACConfig(num_envs=2, horizon=4, actor_hidden=(16,), critic_hidden=(16,), critic_iterations=2,
+                     critic_minibatches=2)
+    agents = [SHAC(cfg, EnvConfig(motion_file=standing_motion(0.3)), seed=3, overlap_critic_fit=overlap,
+                   critic_fit_worker="process") for overlap in (False, True)]
+    with pytest.warns(RuntimeWarning, match="cannot run in a worker process here .*daemonic.*second thread"):
+        agents[1].train_iteration()
+    agents[0].train_iteration()
+    assert agents[1].critic_fit_worker == "thread" and agents[1]._fit_thread is not None
+    agents[1].stop_workers()
+    assert agents[1]._fit_thread is None and agents[1]._fit_process is None
+    m = [a.train_iteration() for a in agents]
+    assert _numbers({k: v for k, v in m[0].items() if k not in CRITIC_COLUMNS}) == \
+        _numbers({k: v for k, v in m[1].items() if k not in CRITIC_COLUMNS})
+
+
 def test_the_worker_process_fit_equals_the_fit_here_with_skipped_steps() -> None:
     """ProcessCriticFit against fit_critics on copies of the same critics: the same losses, norms and skipped steps
     (a window with a non-finite target skips every step), parameters and Adam moments, bit for bit."""

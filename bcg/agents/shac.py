@@ -538,15 +538,9 @@ class SHAC:
                 self._pending_fit = Future()
                 self._pending_fit.set_result(self._fit_critics(window))
             return False
-        if self.critic_fit_worker == "process":
-            if self._fit_process is None:
-                from bcg.agents.critic_fit import ProcessCriticFit
-
-                cfg = self.config
-                self._fit_process = ProcessCriticFit(
-                    self.critics, self.critic_opt, rows=cfg.num_envs * cfg.horizon, passes=cfg.critic_iterations,
-                    minibatches=cfg.critic_minibatches, clip=cfg.critic_grad_norm, skip_norm=cfg.skip_grad_norm,
-                    threads=self.update_threads)
+        if self.critic_fit_worker == "process" and self._fit_process is None:
+            self._fit_process = self._start_fit_process()
+        if self._fit_process is not None:
             self._pending_fit = self._fit_process.submit(*self._fit_data(window), lr)
             return True
         if self._fit_thread is None:
@@ -556,6 +550,37 @@ class SHAC:
         self._pending_fit = self._fit_thread.submit(self._fit_on_one_thread,
                                                     dataclasses.replace(window, actor_loss=None))
         return True
+
+    def _start_fit_process(self) -> Any:
+        """A :class:`~bcg.agents.critic_fit.ProcessCriticFit` on this agent's critics, or None (with a warning, and
+        the fit on the second thread from then on) where this process may not start one (a daemonic worker of a
+        process pool, say)."""
+        import warnings
+
+        from bcg.agents.critic_fit import ProcessCriticFit
+
+        cfg = self.config
+        try:
+            return ProcessCriticFit(self.critics, self.critic_opt, rows=cfg.num_envs * cfg.horizon,
+                                    passes=cfg.critic_iterations, minibatches=cfg.critic_minibatches,
+                                    clip=cfg.critic_grad_norm, skip_norm=cfg.skip_grad_norm,
+                                    threads=self.update_threads)
+        except (AssertionError, OSError, RuntimeError) as exc:
+            warnings.warn(f"the critic fit cannot run in a worker process here ({exc}); it runs on a second thread",
+                          RuntimeWarning, stacklevel=3)
+            self.critic_fit_worker = "thread"
+            return None
+
+    def stop_workers(self) -> None:
+        """Join the fit still running and stop the critic fit's worker process and thread, if any (a later
+        iteration starts them again); ``bcg train`` calls it when a run ends."""
+        self.sync()
+        if self._fit_process is not None:
+            self._fit_process.close()
+            self._fit_process = None
+        if self._fit_thread is not None:
+            self._fit_thread.shutdown(wait=True)
+            self._fit_thread = None
 
     def _fit_on_one_thread(self, window: Window) -> tuple[float, float, float, int]:
         # OpenMP's thread count is a per-thread setting: a new thread starts with every core, which would sum in

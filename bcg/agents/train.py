@@ -131,7 +131,12 @@ def train(cfg: TrainConfig, *, agent_factory: Callable[[TrainConfig], Any] = bui
                       progress=cfg.progress, tensorboard=cfg.tensorboard,
                       evaluator=evaluator_factory(cfg) if cfg.eval_every and evaluator_factory else None,
                       eval_every=cfg.eval_every)
-    status = trainer.run()
+    try:
+        status = trainer.run()
+    finally:
+        stop = getattr(agent, "stop_workers", None)  # SHAC's critic fit worker, if it started one
+        if stop is not None:
+            stop()
     return TrainResult(run_dir=run_dir, status=status, agent=agent)
 
 

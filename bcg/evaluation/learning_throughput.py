@@ -191,7 +191,7 @@ def _shac_config(preset: str, method: str, motion: str, seed: int, overrides: di
 
 def measure_shac(preset: str, method: str, *, motion: str = "jump", iterations: int = 5, warmup: int = 2,
                  seed: int = 0, overrides: dict[str, Any] | None = None, start: str | Path | None = None,
-                 block: int = 1, critic_fit_worker: str = "thread", progress: Callable[[str], None] | None = None
+                 block: int = 1, critic_fit_worker: str = "process", progress: Callable[[str], None] | None = None
                  ) -> dict[str, Any]:
     """Time ``iterations`` SHAC iterations of ``preset`` through estimator ``method``, alternating with windows of
     the bare differentiable env of the same size. Returns medians per iteration (seconds), the env window, their
@@ -373,7 +373,7 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap.add_argument("--block", type=int, default=1,
                     help="SHAC: consecutive iterations per timing, the critic fit joined at the block's end only (as "
                          "in training, where it runs beside the next window's steps); 1: joined every iteration")
-    ap.add_argument("--critic-fit-worker", choices=("thread", "process"), default="thread",
+    ap.add_argument("--critic-fit-worker", choices=("thread", "process"), default="process",
                     help="SHAC: where the overlapping critic fit runs (bcg train --critic-fit-worker)")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--torch-threads", type=int, default=1)
