@@ -76,6 +76,9 @@ def test_a_fit_in_a_worker_process_is_timed_by_what_the_iteration_waits_for() ->
     assert sum(p[k] for k in PHASES) == pytest.approx(p["iteration"], rel=1e-9)
     text = table([r])
     assert "| cpu-small | bptt (fit in a process) |" in text and "its CPU seconds are not counted" in text
+    # the bundles' cost per iteration is compared between rows of the same worker
+    text = table([r, dict(r, method="bcg", parts=dict(p, iteration=2 * p["iteration"]))])
+    assert "cpu-small (fit in a process): SHAC+BCG / SHAC(bptt) per iteration = **2.00**" in text
 
 
 def test_the_timed_transition_still_reports_the_estimators_statistics() -> None:

@@ -344,11 +344,12 @@ def table(results: list[dict[str, Any]]) -> str:
         if any(r.get("critic_fit_worker") == "process" for r in shac):
             lines.append("\n(fit in a process: the critic fit runs in the worker, so its time is not in `critic` but "
                          "in what the iteration waits for it, `other`, and its CPU seconds are not counted)")
-        by = {(r["preset"], r["method"]): r for r in shac if r.get("critic_fit_worker", "thread") == "thread"}
-        for preset in dict.fromkeys(r["preset"] for r in shac):
-            if (preset, "bcg") in by and (preset, "bptt") in by:
-                b, v = by[(preset, "bcg")], by[(preset, "bptt")]
-                lines.append(f"\n{preset}: SHAC+BCG / SHAC(bptt) per iteration = "
+        by = {(r["preset"], r.get("critic_fit_worker", "thread"), r["method"]): r for r in shac}
+        for preset, worker in dict.fromkeys((r["preset"], r.get("critic_fit_worker", "thread")) for r in shac):
+            if (preset, worker, "bcg") in by and (preset, worker, "bptt") in by:
+                b, v = by[(preset, worker, "bcg")], by[(preset, worker, "bptt")]
+                where = " (fit in a process)" if worker == "process" else ""
+                lines.append(f"\n{preset}{where}: SHAC+BCG / SHAC(bptt) per iteration = "
                              f"**{b['parts']['iteration'] / v['parts']['iteration']:.2f}** at trigger rate "
                              f"{b['trigger_rate']:.3f}")
     ppo = [r for r in results if r["agent"] == "ppo"]
