@@ -12,7 +12,6 @@ its numbers equal the thread's bit for bit.
 
 from __future__ import annotations
 
-import inspect
 import math
 import traceback
 import weakref
@@ -21,9 +20,6 @@ from typing import Any
 import torch
 
 __all__ = ["ProcessCriticFit", "fit_critics", "guarded_step", "regress_values"]
-
-_ADAM_OPTIONS = frozenset(inspect.signature(torch.optim.Adam).parameters) - {"params"}
-
 
 def guarded_step(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], clip: float, skip_norm: float
                  ) -> tuple[float, bool]:
@@ -95,19 +91,11 @@ def _init_adam_state(opt: torch.optim.Optimizer) -> None:
                     state["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
-def _worker(conn: Any, spec: dict[str, Any], params: list[torch.Tensor], states: list[dict[str, torch.Tensor]],
-            obs_buf: torch.Tensor, target_buf: torch.Tensor) -> None:
-    from bcg.agents.networks import CriticEnsemble
-
+def _worker(conn: Any, critics: Any, opt: torch.optim.Optimizer, spec: dict[str, Any], obs_buf: torch.Tensor,
+            target_buf: torch.Tensor) -> None:
+    # critics and opt arrive with their parameters and state in the parent's shared memory (one pickle: the
+    # optimiser's parameters are the module's)
     torch.set_num_threads(int(spec["threads"]))
-    critics = CriticEnsemble(spec["obs_dim"], spec["hidden"], spec["num_critics"], spec["activation"],
-                             spec["layer_norm"])
-    own = list(critics.parameters())
-    for p, shared in zip(own, params, strict=True):
-        p.data = shared
-    opt = torch.optim.Adam(own, **spec["adam"])
-    for p, st in zip(own, states, strict=True):
-        opt.state[p] = st
     while True:
         msg = conn.recv()
         if msg is None:
@@ -164,30 +152,20 @@ class ProcessCriticFit:
                  clip: float, skip_norm: float, threads: int = 1):
         import torch.multiprocessing as mp
 
-        if len(opt.param_groups) != 1:
-            raise ValueError("the critic fit process takes an optimiser with one parameter group")
-        params = list(critics.parameters())
         critics.share_memory()
         _init_adam_state(opt)
-        states = []
-        for p in params:
-            st = opt.state[p]
-            for t in st.values():
+        for state in opt.state.values():
+            for t in state.values():
                 if isinstance(t, torch.Tensor):
                     t.share_memory_()
-            states.append(st)
-        group = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
-        spec = {"obs_dim": critics.obs_dim, "hidden": tuple(critics.hidden), "num_critics": critics.num_critics,
-                "activation": critics.activation, "layer_norm": critics.layer_norm, "threads": int(threads),
-                "adam": {k: v for k, v in group.items() if k in _ADAM_OPTIONS},
-                "passes": int(passes), "minibatches": int(minibatches), "clip": float(clip),
+        spec = {"threads": int(threads), "passes": int(passes), "minibatches": int(minibatches), "clip": float(clip),
                 "skip_norm": float(skip_norm)}
         self._obs = torch.zeros(int(rows), critics.obs_dim).share_memory_()
         self._targets = torch.zeros(int(rows)).share_memory_()
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_worker, args=(child, spec, [p.data for p in params], states, self._obs,
-                                                       self._targets), daemon=True, name="bcg-critic-fit")
+        self._proc = ctx.Process(target=_worker, args=(child, critics, opt, spec, self._obs, self._targets),
+                                 daemon=True, name="bcg-critic-fit")
         self._proc.start()
         child.close()
         self._finalizer = weakref.finalize(self, _shutdown, self._conn, self._proc)

@@ -334,18 +334,18 @@ def table(results: list[dict[str, Any]]) -> str:
                   "|---" * (len(PHASES) + 11) + "|"]
         for r in shac:
             p = r["parts"]
-            method = r["method"] + (" (fit in a process)" if r.get("critic_fit_worker") == "process" else "")
+            method = r["method"] + (" (fit in a process)" if r["critic_fit_worker"] == "process" else "")
             lines.append(f"| {r['preset']} | {method} | {r['num_envs']} x {r['horizon']} | "
                          f"{p['iteration']:.3f} | " + " | ".join(f"{p[k]:.3f}" for k in PHASES)
                          + f" | {r['env_window']:.3f} | **{r['ratio']:.2f}** | {r['critic_floor']:.3f} | "
                          f"{1 + r['critic_floor'] / r['env_window']:.2f} | {r['trigger_rate']:.3f} | "
                          f"{r['block']} | {r['cpu_iteration']:.3f} / {r['cpu_env_window']:.3f} = "
                          f"{r['cpu_iteration'] / r['cpu_env_window']:.2f} |")
-        if any(r.get("critic_fit_worker") == "process" for r in shac):
+        if any(r["critic_fit_worker"] == "process" for r in shac):
             lines.append("\n(fit in a process: the critic fit runs in the worker, so its time is not in `critic` but "
                          "in what the iteration waits for it, `other`, and its CPU seconds are not counted)")
-        by = {(r["preset"], r.get("critic_fit_worker", "thread"), r["method"]): r for r in shac}
-        for preset, worker in dict.fromkeys((r["preset"], r.get("critic_fit_worker", "thread")) for r in shac):
+        by = {(r["preset"], r["critic_fit_worker"], r["method"]): r for r in shac}
+        for preset, worker in dict.fromkeys((r["preset"], r["critic_fit_worker"]) for r in shac):
             if (preset, worker, "bcg") in by and (preset, worker, "bptt") in by:
                 b, v = by[(preset, worker, "bcg")], by[(preset, worker, "bptt")]
                 where = " (fit in a process)" if worker == "process" else ""

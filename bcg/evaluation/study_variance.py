@@ -125,7 +125,6 @@ class StudyVariance:
         from bcg.agents.checkpoint import CheckpointError
         from bcg.agents.export import load_policy
         from bcg.agents.train import export_run
-        from bcg.evaluation.evaluate_cli import policy_env_kwargs, policy_motion
         from bcg.evaluation.gradient_variance import VarianceStudy, make_estimator, study_dict, summarize
 
         try:
@@ -147,7 +146,9 @@ class StudyVariance:
                 else:
                     (self.out / "policies" / run_dir.name).mkdir(parents=True, exist_ok=True)
                     policy = load_policy(export_run(ckpt, self.out / "policies" / run_dir.name / f"iter_{it:06d}.pt"))
-                key = (policy_motion(policy.motion), repr(policy_env_kwargs(policy)))
+                # the checkpoints of a run share clip, kappa and action map: the env (and the clip's hash check) once
+                key = (repr(policy.meta.get("motion")), repr(policy.meta.get("env")), policy.action_offset,
+                       policy.action_scale.tolist())
                 if made_for != key:
                     (env, clip, kappa), made_for = policy_study_env(policy, 2 * self.num_envs, self.device), key
                 cp = CheckpointPolicy(policy)
