@@ -168,6 +168,8 @@ def test_variance_study_of_a_policy_file(tmp_path: Path, capsys: pytest.CaptureF
     readme = Path(__file__).parents[1] / "README.md"
     assert main(["study", "variance", "--run-dir", str(readme), "--out", str(tmp_path / "x")]) == 2
     assert "is not a torch file" in capsys.readouterr().err and not (tmp_path / "x").exists()
+    assert main(["study", "variance", "--run-dir", str(tmp_path / "gone"), "--out", str(tmp_path / "x")]) == 2
+    assert "gone does not exist: expected a bcg train run directory or a policy file" in capsys.readouterr().err
 
 
 def test_sensitivity_study_tiny(tmp_path: Path) -> None:

@@ -209,6 +209,8 @@ def policy_sources(run: Path, count: int) -> list[tuple[int, Path]]:
     is refused before anything is measured: :class:`~bcg.agents.export.PolicyFileError`)."""
     from bcg.agents.export import load_policy
 
+    if not run.exists():
+        raise ValueError(f"{run} does not exist: expected a bcg train run directory or a policy file")
     if run.is_file():
         load_policy(run)
         return [(0, run)]
