@@ -184,3 +184,25 @@ def test_sensitivity_study_tiny(tmp_path: Path) -> None:
     assert abs(e["nominal"]) > 0.5  # measured -9.1 [1/s] for T = 4 (-2.5 for T = 8 from frame 41)
     assert (out / "study_sensitivity.png").stat().st_size > 10_000
     assert main(["study", "sensitivity", "--branches", "2", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_sensitivity_study_with_a_trained_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--policy: the branches act through a trained policy, on its own clip and kappa; its feedback changes the
+    sensitivity the reference-target policy has from the same start; a missing path is one error line."""
+    policy = Path(__file__).parent / "data" / "policy_run_shac_bcg.pt"
+    out, ref = tmp_path / "sens", tmp_path / "ref"
+    assert main(["study", "sensitivity", "--policy", str(policy), "--branches", "3", "--window", "4",
+                 "--out", str(out)]) == 0
+    data = json.loads((out / "sensitivity.json").read_text())
+    assert data["clip"] == "run" and data["policy"] == str(policy) and data["frame"] == 9
+    assert [e["kappa"] for e in data["entries"]] == [300.0]
+    assert main(["study", "sensitivity", "--clip", "run", "--kappas", "300", "--branches", "3", "--window", "4",
+                 "--out", str(ref)]) == 0
+    plain = json.loads((ref / "sensitivity.json").read_text())
+    assert plain["frame"] == data["frame"] and plain["policy"] is None
+    # the policy halves the landing's sensitivity (it reacts to the pelvis height that the reference targets ignore)
+    assert data["entries"][0]["nominal"] == pytest.approx(-5.34, rel=0.02)
+    assert plain["entries"][0]["nominal"] == pytest.approx(-11.7, rel=0.02)
+    capsys.readouterr()
+    assert main(["study", "sensitivity", "--policy", str(tmp_path / "gone"), "--out", str(tmp_path / "x")]) == 2
+    assert "gone does not exist: expected a bcg train run directory or a policy file" in capsys.readouterr().err

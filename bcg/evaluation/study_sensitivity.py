@@ -26,10 +26,15 @@ class StudySensitivity:
     vertical pelvis velocity to the pelvis height, dv_z(t+T)/dp_z(t), against their mean, and a PCA of the branches'
     full state-gradient vectors with a 95 % ellipse; one panel pair per kappa."""
 
-    clip: str = "jump"
-    """Clip: run, jump, fight, dance, or a motion file (as bcg train --motion)."""
-    kappas: tuple[float, ...] = (50.0, 300.0)
-    """Contact stiffnesses [1/m] (one row of panels each)."""
+    clip: str | None = None
+    """Clip: run, jump, fight, dance, or a motion file (as bcg train --motion); None: jump, or the policy's own clip
+    with --policy."""
+    kappas: tuple[float, ...] | None = None
+    """Contact stiffnesses [1/m] (one row of panels each); None: 50 and 300, or the policy's own with --policy."""
+    policy: Path | None = None
+    """A trained policy that acts in every branch (a bcg train run directory, its policy.pt, or a bcg export torch
+    file), read through its own action map and dynamics as bcg evaluate replays it; None: the reference-target
+    policy. The sensitivities then include the policy's feedback, as the training gradient does."""
     branches: int = 64
     """B, perturbed branches from the start state."""
     window: int = 8
@@ -47,24 +52,32 @@ class StudySensitivity:
     """Output folder: sensitivity.json, study_sensitivity.png, sensitivity.md."""
 
     def run(self) -> int:
-        if self.branches < 3 or self.window < 1 or not self.kappas:
-            print(f"bcg study sensitivity: error: need branches >= 3, window >= 1 and one kappa at least, got "
-                  f"{self.branches}, {self.window}, {list(self.kappas)}", file=sys.stderr)
+        from bcg.errors import UserError
+
+        try:
+            policy = None if self.policy is None else load_torch_policy(self.policy)
+            clip, kappas = self._clip_and_kappas(policy)
+            if self.branches < 3 or self.window < 1 or not kappas:
+                raise UserError(f"need branches >= 3, window >= 1 and one kappa at least, got {self.branches}, "
+                                f"{self.window}, {list(kappas)}")
+            entries = [branch_sensitivities(clip, float(k), self.branches, self.window, self.sigma_q, self.sigma_qd,
+                                            self.seed, self.frame, policy) for k in kappas]
+        except (UserError, ValueError) as exc:
+            print(f"bcg study sensitivity: error: {exc}", file=sys.stderr)
             return 2
-        entries = [branch_sensitivities(self.clip, float(k), self.branches, self.window, self.sigma_q,
-                                        self.sigma_qd, self.seed, self.frame) for k in self.kappas]
         self.out.mkdir(parents=True, exist_ok=True)
-        data = {"clip": self.clip, "frame": entries[0]["frame"], "branches": self.branches, "window": self.window,
-                "sigma_q": self.sigma_q,
-                "sigma_qd": self.sigma_qd, "seed": self.seed,
+        actor = "the reference-target policy" if policy is None else f"the policy {self.policy}"
+        data = {"clip": clip, "frame": entries[0]["frame"], "branches": self.branches, "window": self.window,
+                "sigma_q": self.sigma_q, "sigma_qd": self.sigma_qd, "seed": self.seed,
+                "policy": None if self.policy is None else str(self.policy),
                 "entries": [{k: v for k, v in e.items() if k != "grads"} for e in entries]}
         (self.out / "sensitivity.json").write_text(json.dumps(_json_safe(data), indent=1) + "\n")
         png = sensitivity_plot(entries, self.out / "study_sensitivity.png", self.window)
         lines = ["# Branch versus bundle sensitivity", "",
-                 f"`{self.clip}` from frame {entries[0]['frame']}, {self.branches} branches perturbed at t (hinges "
+                 f"`{clip}` from frame {entries[0]['frame']}, {self.branches} branches perturbed at t (hinges "
                  f"N(0, {self.sigma_q:g}^2) rad, "
-                 f"rates N(0, {self.sigma_qd:g}^2) rad/s), each differentiated through T = {self.window} steps of the "
-                 "reference-target policy; s = dv_z(t+T)/dp_z(t) [1/s]. The bundle's (first-order smoothed) "
+                 f"rates N(0, {self.sigma_qd:g}^2) rad/s), each differentiated through T = {self.window} steps of "
+                 f"{actor}; s = dv_z(t+T)/dp_z(t) [1/s]. The bundle's (first-order smoothed) "
                  "gradient is the branches' mean. Gradient spread: RMS distance of the branches' full state-gradient "
                  "vectors d v_z(t+T) / d(q, qd) from their mean.", "", "![sensitivity](study_sensitivity.png)", "",
                  "| kappa | nominal s | bundle mean s | branch std | branch min | branch max | gradient spread "
@@ -78,6 +91,31 @@ class StudySensitivity:
         print("\n".join(lines[-len(entries) - 2:]))
         print(f"wrote {self.out / 'sensitivity.json'}, {self.out / 'sensitivity.md'}, {png}")
         return 0
+
+    def _clip_and_kappas(self, policy: Any) -> tuple[str, tuple[float, ...]]:
+        """The clip and stiffnesses studied: the options given, else the policy's own (its clip, with the file's
+        hash checked, and the kappa it was trained at), else jump at 50 and 300 [1/m]."""
+        if policy is None:
+            return self.clip or "jump", tuple(self.kappas or (50.0, 300.0))
+        from bcg.evaluation.evaluate_cli import policy_motion
+        from bcg.evaluation.study_variance import policy_kappa
+
+        return self.clip or policy_motion(policy.motion), tuple(self.kappas or (policy_kappa(policy),))
+
+
+def load_torch_policy(path: Path) -> Any:
+    """The exported torch policy of a run directory (its policy.pt) or a policy file; a missing path, a directory
+    without policy.pt and a file that is not a torch policy raise :class:`~bcg.errors.UserError` subclasses."""
+    from bcg.agents.export import load_policy
+    from bcg.errors import InputNotFoundError
+
+    if path.is_dir():
+        if not (path / "policy.pt").is_file():
+            raise InputNotFoundError(f"{path} is a directory without policy.pt (`bcg export RUN` writes it)")
+        path = path / "policy.pt"
+    elif not path.is_file():
+        raise InputNotFoundError(f"{path} does not exist: expected a bcg train run directory or a policy file")
+    return load_policy(path)
 
 
 def touchdown_frame(motion: Any, min_flight: int = 3) -> int | None:
@@ -93,25 +131,23 @@ def touchdown_frame(motion: Any, min_flight: int = 3) -> int | None:
 
 
 def branch_sensitivities(clip: str, kappa: float, branches: int, window: int, sigma_q: float, sigma_qd: float,
-                         seed: int, frame: int | None = None) -> dict[str, Any]:
+                         seed: int, frame: int | None = None, policy: Any = None) -> dict[str, Any]:
     """Per-branch gradients of v_z(t+T) (root linear z velocity, world frame) with respect to the start state.
 
     The reference pose and velocity at ``frame`` (None: ``window // 2`` before :func:`touchdown_frame`; the start
     rule of the transfer replay, :func:`bcg.evaluation.mujoco_transfer.start_state`), its nominal row plus
     ``branches`` rows with joint-Gaussian hinge offsets (the estimators' ``joint_gaussian_offsets``, clamped to the
-    joint limits), rolled out with the reference-target policy (the variance study's TrackingPolicy at theta = 0)
-    through ``env.transition`` with autograd. Returns ``kappa``, ``nominal`` and ``branch`` (list [B]) of
+    joint limits), rolled out with the reference-target policy (the variance study's TrackingPolicy at theta = 0),
+    or with a trained ``policy`` (an exported torch policy, acting through its own action map and dynamics), through
+    ``env.transition`` with autograd. Returns ``kappa``, ``nominal`` and ``branch`` (list [B]) of
     s = dv_z(t+T)/dp_z(t) [1/s], their ``mean`` and ``std``, ``grads`` [B, 71] (d v_z / d(q, qd)), and the PCA of
     the gradient vectors: ``pc`` [B, 2] projections, ``pc_share`` (variance shares of the first two components)."""
     import torch
 
     from bcg.estimators.grs import joint_gaussian_offsets
-    from bcg.evaluation.gradient_variance import TrackingPolicy, make_study_env, observation_normaliser
     from bcg.evaluation.mujoco_transfer import start_state
 
-    env = make_study_env(clip, kappa, 8)
-    mean, std = observation_normaliser(env)
-    policy = TrackingPolicy(env, mean, std)
+    env, actor = _study_env_and_actor(clip, kappa, policy)
     if frame is None:
         td = touchdown_frame(env.motion)
         frame = max(0, td - window // 2) if td is not None else 0
@@ -127,9 +163,9 @@ def branch_sensitivities(clip: str, kappa: float, branches: int, window: int, si
     q.requires_grad_(True)
     qd.requires_grad_(True)
     s = dataclasses.replace(s, q=q, qd=qd)
-    theta = policy.initial_theta(branches + 1, device=env.device)
+    theta = actor.initial_theta(branches + 1).to(env.device)
     for _ in range(window):
-        s, *_ = env.transition(s, policy.actions(env, s, theta))
+        s, *_ = env.transition(s, actor.actions(env, s, theta))
     gq, gqd = torch.autograd.grad(s.qd[:, 2].sum(), (q, qd))  # rows are independent: row r's own gradient
     grads = torch.cat([gq, gqd], 1).double()
     sens = grads[:, 2]  # d v_z(t+T) / d p_z(t)
@@ -142,6 +178,21 @@ def branch_sensitivities(clip: str, kappa: float, branches: int, window: int, si
             "spread": float(centred.pow(2).sum(1).mean().sqrt()), "pc": (centred @ vt[:2].T).tolist(),
             "nominal_pc": ((grads[0] - g.mean(0)) @ vt[:2].T).tolist(), "pc_share": share[:2],
             "frame": int(frame)}
+
+
+def _study_env_and_actor(clip: str, kappa: float, policy: Any) -> tuple[Any, Any]:
+    """An 8-row study env at ``kappa`` and what acts in it: the reference-target policy, or a trained ``policy``
+    (:class:`~bcg.evaluation.study_variance.CheckpointPolicy`) in an env with its action map and dynamics."""
+    from bcg.evaluation.gradient_variance import TrackingPolicy, make_study_env, observation_normaliser
+
+    if policy is None:
+        env = make_study_env(clip, kappa, 8)
+        mean, std = observation_normaliser(env)
+        return env, TrackingPolicy(env, mean, std)
+    from bcg.evaluation.evaluate_cli import policy_env_kwargs
+    from bcg.evaluation.study_variance import CheckpointPolicy
+
+    return make_study_env(clip, kappa, 8, **policy_env_kwargs(policy)), CheckpointPolicy(policy)
 
 
 def sensitivity_plot(entries: list[dict[str, Any]], path: Path, window: int) -> Path:

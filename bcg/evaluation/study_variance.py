@@ -181,8 +181,13 @@ def policy_study_env(policy: Any, num_envs: int, device: str = "cpu") -> tuple[A
     from bcg.evaluation.gradient_variance import make_study_env
 
     clip = policy_motion(policy.motion)
-    kappa = float(policy.meta.get("env", {}).get("kappa") or ContactParams.kappa)
+    kappa = policy_kappa(policy)
     return make_study_env(clip, kappa, num_envs, device, **policy_env_kwargs(policy)), clip, kappa
+
+
+def policy_kappa(policy: Any) -> float:
+    """The contact stiffness [1/m] an exported ``policy`` was trained at (the simulator's default when unrecorded)."""
+    return float(policy.meta.get("env", {}).get("kappa") or ContactParams.kappa)
 
 
 def policy_gradients(env: Any, estimators: dict[str, Any], policy: CheckpointPolicy, study: Any
