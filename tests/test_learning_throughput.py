@@ -77,8 +77,13 @@ def test_a_fit_in_a_worker_process_is_timed_by_what_the_iteration_waits_for() ->
     text = table([r])
     assert "| cpu-small | bptt (fit in a process) |" in text and "its CPU seconds are not counted" in text
     # the bundles' cost per iteration is compared between rows of the same worker
-    text = table([r, dict(r, method="bcg", parts=dict(p, iteration=2 * p["iteration"]))])
-    assert "cpu-small (fit in a process): SHAC+BCG / SHAC(bptt) per iteration = **2.00**" in text
+    sim = p["sim_fwd"] + p["sim_bwd"]
+    bundled = dict(p, iteration=2 * p["iteration"], sim_fwd=2 * p["sim_fwd"], sim_bwd=2 * p["sim_bwd"])
+    text = table([r, dict(r, method="bcg", parts=bundled)])
+    line = next(x for x in text.splitlines() if "SHAC+BCG / SHAC" in x)
+    assert line.startswith("cpu-small (fit in a process): SHAC+BCG / SHAC(bptt) per iteration = **2.00**")
+    # twice the simulator's work: the ratio its extra part alone would set
+    assert line.endswith(f"the simulator's extra work alone would make {1 + sim / p['iteration']:.2f}")
 
 
 def test_the_timed_transition_still_reports_the_estimators_statistics() -> None:

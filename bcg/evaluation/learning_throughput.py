@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["PHASES", "critic_fit_flops", "main", "matmul_rate", "measure_ppo", "measure_shac"]
+__all__ = ["PHASES", "branch_physics_ratio", "critic_fit_flops", "main", "matmul_rate", "measure_ppo", "measure_shac"]
 
 PHASES = ("sim_fwd", "sim_bwd", "estimator", "env", "policy", "backward", "critic", "add", "other")
 """Parts of a SHAC iteration, in the order printed."""
@@ -351,7 +351,8 @@ def table(results: list[dict[str, Any]]) -> str:
                 where = " (fit in a process)" if worker == "process" else ""
                 lines.append(f"\n{preset}{where}: SHAC+BCG / SHAC(bptt) per iteration = "
                              f"**{b['parts']['iteration'] / v['parts']['iteration']:.2f}** at trigger rate "
-                             f"{b['trigger_rate']:.3f}")
+                             f"{b['trigger_rate']:.3f}; the simulator's extra work alone would make "
+                             f"{branch_physics_ratio(b, v):.2f}")
     ppo = [r for r in results if r["agent"] == "ppo"]
     if ppo:
         lines += ["", "| preset | PPO N x steps | iteration s | rollout s | train s | train floor s | samples/s | "
@@ -362,6 +363,15 @@ def table(results: list[dict[str, Any]]) -> str:
                          f"{p['rollout']:.3f} | {p['train']:.3f} | {r['train_floor']:.3f} | "
                          f"{r['samples_per_s']:.0f} | {r['env_rate']:.0f} | **{r['rate_ratio']:.2f}** |")
     return "\n".join(lines)
+
+
+def branch_physics_ratio(bcg_result: dict[str, Any], bptt_result: dict[str, Any]) -> float:
+    """What SHAC+BCG / SHAC per iteration would be if the bundles added only the simulator's work for their branch
+    rows (forward and backward), everything else as in SHAC: ``1 + (sim_bcg - sim_bptt) / iteration_bptt`` from
+    two :func:`measure_shac` results. The part of the ratio that no bookkeeping can remove at that trigger rate."""
+    b, v = bcg_result["parts"], bptt_result["parts"]
+    extra = (b["sim_fwd"] + b["sim_bwd"]) - (v["sim_fwd"] + v["sim_bwd"])
+    return 1.0 + extra / v["iteration"]
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
