@@ -189,12 +189,15 @@ def test_sensitivity_study_tiny(tmp_path: Path) -> None:
 def test_sensitivity_study_with_a_trained_policy(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """--policy: the branches act through a trained policy, on its own clip and kappa; its feedback changes the
     sensitivity the reference-target policy has from the same start; a missing path is one error line."""
+    from bcg.motion.formats import motion_sha256
+
     policy = Path(__file__).parent / "data" / "policy_run_shac_bcg.pt"
     out, ref = tmp_path / "sens", tmp_path / "ref"
     assert main(["study", "sensitivity", "--policy", str(policy), "--branches", "3", "--window", "4",
                  "--out", str(out)]) == 0
     data = json.loads((out / "sensitivity.json").read_text())
     assert data["clip"] == "run" and data["policy"] == str(policy) and data["frame"] == 9
+    assert data["clip_sha256"] == motion_sha256("run")
     assert [e["kappa"] for e in data["entries"]] == [300.0]
     assert main(["study", "sensitivity", "--clip", "run", "--kappas", "300", "--branches", "3", "--window", "4",
                  "--out", str(ref)]) == 0

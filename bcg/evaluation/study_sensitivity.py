@@ -67,7 +67,9 @@ class StudySensitivity:
             return 2
         self.out.mkdir(parents=True, exist_ok=True)
         actor = "the reference-target policy" if policy is None else f"the policy {self.policy}"
-        data = {"clip": clip, "frame": entries[0]["frame"], "branches": self.branches, "window": self.window,
+        from bcg.motion.formats import motion_sha256
+
+        data = {"clip": clip, "clip_sha256": motion_sha256(clip), "frame": entries[0]["frame"], "branches": self.branches, "window": self.window,
                 "sigma_q": self.sigma_q, "sigma_qd": self.sigma_qd, "seed": self.seed,
                 "policy": None if self.policy is None else str(self.policy),
                 "entries": [{k: v for k, v in e.items() if k != "grads"} for e in entries]}
