@@ -4,7 +4,7 @@ The critic fit is most of a SHAC iteration's arithmetic on a CPU (16 passes x 4 
 records the windows of one SHAC run (the policy's observations, rewards, episode ends and bootstrap observations),
 then replays the same stream of windows into fresh critic ensembles trained with other workloads (passes,
 minibatches, widths, number of critics), each with its own target critics and TD(lambda) targets, exactly as
-``SHAC._fit_critics`` would. Because every workload sees the same windows, the differences are the fit's alone
+``SHAC.critic_fit.fit`` would. Because every workload sees the same windows, the differences are the fit's alone
 (in a training run the actor would react to its critic, which this isolates from).
 
 Reported per workload: the mean first-pass loss over the last windows (``critic_loss_new``: the loss on each

@@ -114,7 +114,7 @@ def test_instrumentation_times_the_parts_and_comes_off() -> None:
     assert t["env_step"] >= t["transition"] >= t["sim_fwd"] > 0
     assert t["actor_update"] >= t["sim_bwd"] > 0
     after = (rt.timer, agent.env.transition_fn, vars(agent.env).get("step"))
-    assert after == before and "step" not in vars(agent.env) and "_fit_critics" not in vars(agent)
+    assert after == before and "step" not in vars(agent.env) and "fit" not in vars(agent.critic_fit)
     assert clock.take() == {}
 
 

@@ -291,6 +291,37 @@ def test_guarded_step_equals_clip_then_step_bit_for_bit(toy, clip: float) -> Non
             assert torch.equal(agent.critic_opt.state[p][k], twin_opt.state[q][k])
 
 
+def test_the_critic_fit_runner_gives_the_serial_fit_on_its_thread() -> None:
+    """CriticFitRunner: a fit begun beside the caller (its thread) ends in the serial fit's numbers, parameters and
+    Adam moments, bit for bit; join() is None once joined; close() drops what is pending; a bad worker is refused."""
+    from bcg.agents.critic_fit import CriticFitRunner
+    from bcg.agents.networks import CriticEnsemble
+    from bcg.agents.threads import available_cores, torch_threads
+
+    torch.manual_seed(0)
+    nets = [CriticEnsemble(7, (8,), 2, "elu", False) for _ in range(2)]
+    nets[1].load_state_dict(nets[0].state_dict())
+    opts = [torch.optim.Adam(n.parameters(), lr=1e-3, fused=True) for n in nets]
+    runners = [CriticFitRunner(n, o, passes=3, minibatches=2, clip=1.0, skip_norm=1e6, threads=1, overlap=overlap)
+               for n, o, overlap in zip(nets, opts, (False, True), strict=True)]
+    obs, targets = torch.randn(12, 7), torch.randn(12)
+    with torch_threads(1):
+        started = [r.start(obs, targets, 3e-4) for r in runners]
+        results = [r.join() for r in runners]
+    assert started == [False, available_cores() >= 2]
+    assert results[0] == results[1] and results[0][3] == 0 and runners[0].join() is None
+    for p, q in zip(nets[0].parameters(), nets[1].parameters(), strict=True):
+        assert torch.equal(p, q) and all(torch.equal(opts[0].state[p][k], opts[1].state[q][k])
+                                         for k in ("exp_avg", "exp_avg_sq"))
+    assert opts[1].param_groups[0]["lr"] == 3e-4
+    runners[1].start(obs, targets, 3e-4)
+    runners[1].close()
+    assert runners[1].join() is None and runners[1].thread is None
+    with pytest.raises(ValueError, match="critic_fit_worker must be 'thread' or 'process', got 'gpu'"):
+        CriticFitRunner(nets[0], opts[0], passes=1, minibatches=1, clip=1.0, skip_norm=1e6, threads=1, overlap=True,
+                        worker="gpu")
+
+
 def test_critic_nan_gradient_is_skipped(toy) -> None:
     agent = toy(toy_config())
     p = next(agent.critics.parameters())
@@ -394,13 +425,13 @@ def test_the_critic_fit_beside_the_actor_update_changes_no_number(tmp_path, esti
 
     serial, overlapped = new_agent(False), new_agent(True)
     threads = set()
-    fit = overlapped._fit_critics
+    fit = overlapped.critic_fit.fit
 
-    def recording_fit(window):
+    def recording_fit(obs, targets):
         threads.add(threading.current_thread().name)
-        return fit(window)
+        return fit(obs, targets)
 
-    overlapped._fit_critics = recording_fit
+    overlapped.critic_fit.fit = recording_fit
     before = None
     for _ in range(4):
         m_s, m_o = serial.train_iteration(), overlapped.train_iteration()
@@ -421,10 +452,10 @@ def test_the_critic_fit_beside_the_actor_update_changes_no_number(tmp_path, esti
     resumed.load_state_dict(torch.load(path, weights_only=True))
     assert _numbers(resumed.train_iteration()) == _numbers(overlapped.train_iteration())
 
-    def broken_fit(window):
+    def broken_fit(obs, targets):
         raise RuntimeError("fit failed")
 
-    overlapped._fit_critics = broken_fit
+    overlapped.critic_fit.fit = broken_fit
     overlapped.train_iteration()  # the fit begins on the other thread; its error surfaces when it is joined
     with pytest.raises(RuntimeError, match="fit failed"):
         overlapped.train_iteration()
@@ -455,7 +486,7 @@ def test_the_critic_fit_in_a_worker_process_changes_no_number(tmp_path) -> None:
         if before is not None:
             assert [m_w[k] for k in CRITIC_COLUMNS[:3]] == [before[k] for k in CRITIC_COLUMNS[:3]]
         before = m_s
-    assert serial._fit_process is None and worker._fit_process._proc.pid != os.getpid()
+    assert serial.critic_fit.process is None and worker.critic_fit.process._proc.pid != os.getpid()
     path = tmp_path / "worker.pt"
     torch.save(worker.state_dict(), path)  # joins the last fit
     for a, b in ((serial.critics, worker.critics), (serial.target_critics, worker.target_critics)):
@@ -467,8 +498,8 @@ def test_the_critic_fit_in_a_worker_process_changes_no_number(tmp_path) -> None:
     resumed.load_state_dict(torch.load(path, weights_only=True))
     assert _numbers(resumed.train_iteration()) == _numbers(worker.train_iteration())
     resumed.sync()
-    worker._fit_process._proc.kill()
-    worker._fit_process._proc.join()
+    worker.critic_fit.process._proc.kill()
+    worker.critic_fit.process._proc.join()
     with pytest.raises(RuntimeError, match="critic fit process ended unexpectedly"):
         worker.train_iteration()
         worker.train_iteration()
@@ -491,9 +522,9 @@ def test_a_worker_process_that_cannot_start_leaves_the_fit_on_a_thread(monkeypat
     with pytest.warns(RuntimeWarning, match="cannot run in a worker process here .*daemonic.*second thread"):
         agents[1].train_iteration()
     agents[0].train_iteration()
-    assert agents[1].critic_fit_worker == "thread" and agents[1]._fit_thread is not None
+    assert agents[1].critic_fit_worker == "thread" and agents[1].critic_fit.thread is not None
     agents[1].stop_workers()
-    assert agents[1]._fit_thread is None and agents[1]._fit_process is None
+    assert agents[1].critic_fit.thread is None and agents[1].critic_fit.process is None
     m = [a.train_iteration() for a in agents]
     assert _numbers({k: v for k, v in m[0].items() if k not in CRITIC_COLUMNS}) == \
         _numbers({k: v for k, v in m[1].items() if k not in CRITIC_COLUMNS})

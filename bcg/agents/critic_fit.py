@@ -1,4 +1,5 @@
-"""SHAC's critic fit (a guarded Adam step, the regression of a window's targets) and a worker process to run it in.
+"""SHAC's critic fit (a guarded Adam step, the regression of a window's targets), a worker process to run it in, and
+:class:`CriticFitRunner`, which decides where each fit runs and when it is joined.
 
 A fit on a second thread (``SHAC(overlap_critic_fit=True)``, ``bcg train``'s default) shares the interpreter's lock
 with the rollout beside it: every torch operation of one lets the other in, and the one waiting gets the lock back
@@ -14,12 +15,16 @@ from __future__ import annotations
 
 import math
 import traceback
+import warnings
 import weakref
-from typing import Any
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, Literal
 
 import torch
 
-__all__ = ["ProcessCriticFit", "fit_critics", "guarded_step", "regress_values"]
+from bcg.agents.threads import available_cores, torch_threads
+
+__all__ = ["CriticFitRunner", "ProcessCriticFit", "fit_critics", "guarded_step", "regress_values"]
 
 def guarded_step(opt: torch.optim.Optimizer, params: list[torch.nn.Parameter], clip: float, skip_norm: float
                  ) -> tuple[float, bool]:
@@ -187,3 +192,94 @@ class ProcessCriticFit:
     def close(self) -> None:
         """Stop the worker (waits for it)."""
         self._finalizer()
+
+
+class CriticFitRunner:
+    """Where a critic fit (:func:`fit_critics` of ``critics`` with their Adam ``opt``) runs, and when it is joined:
+    at once, here (the serial order), or beside the caller, on a second thread or in a worker process
+    (:class:`ProcessCriticFit`, ``worker="process"``), from :meth:`start` until :meth:`join`.
+
+    ``passes``, ``minibatches``, ``clip``, ``skip_norm``: :func:`fit_critics`' arguments; ``threads``: torch threads
+    of the fit; ``overlap``: whether a fit may run beside the caller (it does where :meth:`overlapping`). Where no
+    worker process may start (a daemonic worker of a process pool, say) the runner warns once and uses the thread."""
+
+    def __init__(self, critics: Any, opt: torch.optim.Optimizer, *, passes: int, minibatches: int, clip: float,
+                 skip_norm: float, threads: int, overlap: bool, worker: Literal["thread", "process"] = "thread"):
+        if worker not in ("thread", "process"):
+            raise ValueError(f"critic_fit_worker must be 'thread' or 'process', got {worker!r}")
+        self.critics, self.opt = critics, opt
+        self.passes, self.minibatches, self.clip, self.skip_norm = passes, minibatches, clip, skip_norm
+        self.threads = int(threads)
+        self.overlap = bool(overlap)
+        self.worker = worker
+        """Where an overlapping fit runs: ``"thread"`` or ``"process"`` (``"thread"`` after a refused process)."""
+        self.process: ProcessCriticFit | None = None  # made on first use
+        self.thread: ThreadPoolExecutor | None = None  # made on first use
+        self._pending: Any = None  # the fit begun last and not joined yet (a Future or a ProcessCriticFit handle)
+
+    def overlapping(self) -> bool:
+        """Whether the next fit runs beside the caller: ``overlap``, the fit and the caller use one torch thread each
+        (the count is process-wide: two different counts cannot overlap without changing each other's arithmetic),
+        and the process may run on two cores or more (one core would only interleave them)."""
+        return self.overlap and self.threads == 1 == torch.get_num_threads() and available_cores() >= 2
+
+    def fit(self, obs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float, float, int]:
+        """The fit itself, here: :func:`fit_critics` on ``obs`` [R, D] and ``targets`` [R]."""
+        return fit_critics(self.critics, self.opt, obs, targets, self.passes, self.minibatches, self.clip,
+                           self.skip_norm)
+
+    def start(self, obs: torch.Tensor, targets: torch.Tensor, lr: float) -> bool:
+        """Begin a fit on ``obs`` [R, D] and ``targets`` [R] (detached) at learning rate ``lr``, beside the caller
+        where :meth:`overlapping`, else now; :meth:`join` completes it. Returns whether it runs beside the caller."""
+        for g in self.opt.param_groups:
+            g["lr"] = lr
+        if not self.overlapping():
+            with torch_threads(self.threads):
+                self._pending = Future()
+                self._pending.set_result(self.fit(obs, targets))
+            return False
+        if self.worker == "process" and self.process is None:
+            self.process = self._start_process(int(obs.shape[0]))
+        if self.process is not None:
+            self._pending = self.process.submit(obs, targets, lr)
+            return True
+        if self.thread is None:
+            self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcg-critic-fit")
+        self._pending = self.thread.submit(self._fit_on_one_thread, obs, targets)
+        return True
+
+    def join(self) -> tuple[float, float, float, int] | None:
+        """Wait for the fit begun last (raising what it raised): (mean critic MSE of the last pass, largest gradient
+        norm, mean critic MSE of the first pass, steps skipped); None when none is pending."""
+        if self._pending is None:
+            return None
+        pending, self._pending = self._pending, None
+        return pending.result()
+
+    def close(self) -> None:
+        """Stop the worker process and the thread, if any (a fit still pending is dropped: :meth:`join` it first);
+        the next overlapping fit starts them again, on the optimiser's state at that time."""
+        self._pending = None
+        if self.process is not None:
+            self.process.close()
+            self.process = None
+        if self.thread is not None:
+            self.thread.shutdown(wait=True)
+            self.thread = None
+
+    def _fit_on_one_thread(self, obs: torch.Tensor, targets: torch.Tensor) -> tuple[float, float, float, int]:
+        # OpenMP's thread count is a per-thread setting: a new thread starts with every core, which would sum in
+        # another order than the serial fit
+        torch.set_num_threads(1)
+        return self.fit(obs, targets)
+
+    def _start_process(self, rows: int) -> ProcessCriticFit | None:
+        try:
+            return ProcessCriticFit(self.critics, self.opt, rows=rows, passes=self.passes,
+                                    minibatches=self.minibatches, clip=self.clip, skip_norm=self.skip_norm,
+                                    threads=self.threads)
+        except (AssertionError, OSError, RuntimeError) as exc:
+            warnings.warn(f"the critic fit cannot run in a worker process here ({exc}); it runs on a second thread",
+                          RuntimeWarning, stacklevel=5)
+            self.worker = "thread"
+            return None

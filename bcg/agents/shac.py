@@ -33,10 +33,9 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from bcg.agents.critic_fit import fit_critics, guarded_step
+from bcg.agents.critic_fit import CriticFitRunner, guarded_step
 from bcg.agents.networks import ACTIVATIONS, CriticEnsemble, GaussianActor
 from bcg.agents.normalization import FrozenNormalizer, RunningMeanStd
-from bcg.agents.threads import available_cores, torch_threads
 from bcg.agents.threads import update_threads as resolve_update_threads
 from bcg.envs.config import EnvConfig
 
@@ -300,14 +299,8 @@ class SHAC:
         width = config.num_critics * (config.critic_hidden[0] if config.critic_hidden else 1)
         self.update_threads = resolve_update_threads(update_threads, rows, width)
         """Torch intra-op threads of the critic fit (the rollout keeps the caller's setting)."""
-        self.overlap_critic_fit = bool(overlap_critic_fit)
-        """Whether the critic fit runs beside the actor update (see the class docstring)."""
         if critic_fit_worker not in ("thread", "process"):
             raise ValueError(f"critic_fit_worker must be 'thread' or 'process', got {critic_fit_worker!r}")
-        self.critic_fit_worker = critic_fit_worker
-        self._fit_process: Any = None  # a ProcessCriticFit, made on first use
-        self._fit_thread: Any = None  # a one-worker executor, made on first use
-        self._pending_fit: Any = None  # the fit begun last and not joined yet (a concurrent.futures.Future)
         self._last_fit: tuple[float, float, float] = (math.nan, math.nan, math.nan)  # joined last: loss, norm, new
         if (env is None) == (env_config is None):
             raise ValueError("SHAC takes an env_config or an env (one of them)")
@@ -337,6 +330,11 @@ class SHAC:
         self.actor_opt = torch.optim.Adam(self.actor.parameters(), lr=config.actor_lr, betas=config.betas)
         self.critic_opt = torch.optim.Adam(self.critics.parameters(), lr=config.critic_lr, betas=config.betas,
                                            fused=True)
+        self.critic_fit = CriticFitRunner(self.critics, self.critic_opt, passes=config.critic_iterations,
+                                          minibatches=config.critic_minibatches, clip=config.critic_grad_norm,
+                                          skip_norm=config.skip_grad_norm, threads=self.update_threads,
+                                          overlap=overlap_critic_fit, worker=critic_fit_worker)
+        """Where the critic fit runs and when it is joined (see the class docstring)."""
         self.obs_rms = RunningMeanStd(obs_dim, eps=config.obs_eps, clip=config.obs_clip, device=self.device)
         self.ret_rms = RunningMeanStd((), eps=1e-6, device=self.device)
         self.noise_gen = torch.Generator(device=self.device).manual_seed(_derived_seed(self.seed, 2))
@@ -518,98 +516,42 @@ class SHAC:
         self.actor_opt.zero_grad(set_to_none=True)
         return grad_norm
 
-    def _overlapping(self) -> bool:
-        """Whether the next fit runs on the second thread: ``overlap_critic_fit``, the fit and the caller use one
-        torch thread each (the count is process-wide: two different counts cannot overlap without changing each
-        other's arithmetic), and the process may run on two cores or more (one core would only interleave them)."""
-        return (self.overlap_critic_fit and self.update_threads == 1 == torch.get_num_threads()
-                and available_cores() >= 2)
+    @property
+    def overlap_critic_fit(self) -> bool:
+        """Whether the critic fit may run beside the actor update (see the class docstring)."""
+        return self.critic_fit.overlap
+
+    @property
+    def critic_fit_worker(self) -> str:
+        """Where an overlapping critic fit runs: ``"thread"`` or ``"process"``."""
+        return self.critic_fit.worker
 
     def _start_critic_fit(self, window: Window, lr: float) -> bool:
-        """Begin :meth:`_fit_critics` on the window at critic learning rate ``lr``: on the second thread (or in the
-        worker process, ``critic_fit_worker``) where :meth:`_overlapping`, else now, here; :meth:`sync` completes
-        it. Returns whether it runs beside the caller."""
-        from concurrent.futures import Future, ThreadPoolExecutor
-
-        for g in self.critic_opt.param_groups:
-            g["lr"] = lr
-        if not self._overlapping():
-            with torch_threads(self.update_threads):
-                self._pending_fit = Future()
-                self._pending_fit.set_result(self._fit_critics(window))
-            return False
-        if self.critic_fit_worker == "process" and self._fit_process is None:
-            self._fit_process = self._start_fit_process()
-        if self._fit_process is not None:
-            self._pending_fit = self._fit_process.submit(*self._fit_data(window), lr)
-            return True
-        if self._fit_thread is None:
-            self._fit_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="bcg-critic-fit")
-        # the fit gets the window without its actor loss: that holds the rollout's graph and, with it, the simulator's
-        # pooled buffers, which the next window should reuse
-        self._pending_fit = self._fit_thread.submit(self._fit_on_one_thread,
-                                                    dataclasses.replace(window, actor_loss=None))
-        return True
-
-    def _start_fit_process(self) -> Any:
-        """A :class:`~bcg.agents.critic_fit.ProcessCriticFit` on this agent's critics, or None (with a warning, and
-        the fit on the second thread from then on) where this process may not start one (a daemonic worker of a
-        process pool, say)."""
-        import warnings
-
-        from bcg.agents.critic_fit import ProcessCriticFit
-
-        cfg = self.config
-        try:
-            return ProcessCriticFit(self.critics, self.critic_opt, rows=cfg.num_envs * cfg.horizon,
-                                    passes=cfg.critic_iterations, minibatches=cfg.critic_minibatches,
-                                    clip=cfg.critic_grad_norm, skip_norm=cfg.skip_grad_norm,
-                                    threads=self.update_threads)
-        except (AssertionError, OSError, RuntimeError) as exc:
-            warnings.warn(f"the critic fit cannot run in a worker process here ({exc}); it runs on a second thread",
-                          RuntimeWarning, stacklevel=3)
-            self.critic_fit_worker = "thread"
-            return None
+        """Begin the critics' regression of the window's TD(lambda) targets at critic learning rate ``lr``
+        (:class:`~bcg.agents.critic_fit.CriticFitRunner`: beside the caller where it may, else now); :meth:`sync`
+        completes it. Returns whether it runs beside the caller."""
+        return self.critic_fit.start(*self._fit_data(window), lr)
 
     def stop_workers(self) -> None:
         """Join the fit still running and stop the critic fit's worker process and thread, if any (a later
         iteration starts them again); ``bcg train`` calls it when a run ends."""
         self.sync()
-        if self._fit_process is not None:
-            self._fit_process.close()
-            self._fit_process = None
-        if self._fit_thread is not None:
-            self._fit_thread.shutdown(wait=True)
-            self._fit_thread = None
-
-    def _fit_on_one_thread(self, window: Window) -> tuple[float, float, float, int]:
-        # OpenMP's thread count is a per-thread setting: a new thread starts with every core, which would sum in
-        # another order than the serial fit
-        torch.set_num_threads(1)
-        return self._fit_critics(window)
+        self.critic_fit.close()
 
     def sync(self) -> None:
-        """Complete the critic fit still running on the second thread, if any: wait for it (raising what it raised),
+        """Complete the critic fit still running beside the caller, if any: wait for it (raising what it raised),
         count its skipped steps, update the target critics from it and keep its losses for the metrics. The next
-        window and :meth:`state_dict` do this themselves; call it before reading the critics from outside."""
-        if self._pending_fit is None:
+        window and :meth:`state_dict` do this themselves; call it before reading the critics from outside. The fit
+        regresses the targets in ``critic_iterations`` passes over ``critic_minibatches`` contiguous minibatches of
+        the window's N E samples; its first pass meets every minibatch before training on it, so its loss measures
+        how well the critics predict targets they have not seen (progressive validation)."""
+        result = self.critic_fit.join()
+        if result is None:
             return
-        pending, self._pending_fit = self._pending_fit, None
-        loss, norm, loss_new, skipped = pending.result()
+        loss, norm, loss_new, skipped = result
         self.skipped_critic_updates += skipped
         self._update_target_critics()
         self._last_fit = (loss, norm, loss_new)
-
-    def _fit_critics(self, window: Window) -> tuple[float, float, float, int]:
-        """Regress the TD(lambda) targets: ``critic_iterations`` passes over ``critic_minibatches`` contiguous
-        minibatches of the window's N E samples. Returns (mean critic MSE of the last pass, largest gradient norm,
-        mean critic MSE of the first pass, steps skipped by the gradient guard). The first pass meets every minibatch
-        before training on it, so its loss measures how well the critics predict targets they have not seen
-        (progressive validation): the measure of fit that more passes cannot lower by memorising the window."""
-        cfg = self.config
-        obs, targets = self._fit_data(window)
-        return fit_critics(self.critics, self.critic_opt, obs, targets, cfg.critic_iterations, cfg.critic_minibatches,
-                           cfg.critic_grad_norm, cfg.skip_grad_norm)
 
     def _fit_data(self, window: Window) -> tuple[torch.Tensor, torch.Tensor]:
         """The fit's samples of a window: observations [N E, D] and TD(lambda) targets [N E]."""
@@ -721,9 +663,7 @@ class SHAC:
         from bcg.envs.state import EnvState
 
         self.sync()  # a fit still running would write into the critics being replaced
-        if self._fit_process is not None:  # the optimiser's state is replaced below: a new worker shares the new one
-            self._fit_process.close()
-            self._fit_process = None
+        self.critic_fit.close()  # the optimiser's state is replaced below: a new worker shares the new one
         if state.get("format") == "bcg.shac/1":
             state = _stack_critics_of_v1(state, self.critics)
         if state.get("format") != STATE_FORMAT:

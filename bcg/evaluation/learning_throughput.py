@@ -116,7 +116,8 @@ def _instrumented(agent: Any, clock: _Clock) -> Iterator[None]:
         if hasattr(agent, "actor"):  # SHAC
             stack.enter_context(_patched(agent.actor, "forward", clock.wrap("policy", agent.actor.forward)))
             stack.enter_context(_patched(agent, "_actor_update", clock.wrap("actor_update", agent._actor_update)))
-            stack.enter_context(_patched(agent, "_fit_critics", clock.wrap("critic", agent._fit_critics)))
+            fitter = agent.critic_fit
+            stack.enter_context(_patched(fitter, "fit", clock.wrap("critic", fitter.fit)))
         else:  # PPO: SB3's rollout and update
             stack.enter_context(_patched(agent.model, "train", clock.wrap("train", agent.model.train)))
         if getattr(agent, "add_reward", None) is not None:
