@@ -194,11 +194,13 @@ def test_sensitivity_study_with_a_trained_policy(tmp_path: Path, capsys: pytest.
     policy = Path(__file__).parent / "data" / "policy_run_shac_bcg.pt"
     out, ref = tmp_path / "sens", tmp_path / "ref"
     assert main(["study", "sensitivity", "--policy", str(policy), "--branches", "3", "--window", "4",
-                 "--out", str(out)]) == 0
+                 "--landings", "2", "--out", str(out)]) == 0
     data = json.loads((out / "sensitivity.json").read_text())
-    assert data["clip"] == "run" and data["policy"] == str(policy) and data["frame"] == 9
+    # the run's first two landings, left and right foot (frames 11 and 26), each window starting 2 steps before
+    assert data["clip"] == "run" and data["policy"] == str(policy) and data["frames"] == [9, 24]
+    assert [e["frame"] for e in data["entries"]] == [9, 24] and "| 300 | 24 |" in (out / "sensitivity.md").read_text()
     assert data["clip_sha256"] == motion_sha256("run")
-    assert [e["kappa"] for e in data["entries"]] == [300.0]
+    assert [e["kappa"] for e in data["entries"]] == [300.0, 300.0]
     assert main(["study", "sensitivity", "--clip", "run", "--kappas", "300", "--branches", "3", "--window", "4",
                  "--out", str(ref)]) == 0
     plain = json.loads((ref / "sensitivity.json").read_text())

@@ -17,7 +17,8 @@ import numpy as np
 from bcg.evaluation.report import pyplot, save_figure, style_axis
 from bcg.evaluation.study_variance import _json_safe
 
-__all__ = ["StudySensitivity", "branch_sensitivities", "sensitivity_plot", "touchdown_frame"]
+__all__ = ["StudySensitivity", "branch_sensitivities", "landing_start_frames", "sensitivity_plot", "touchdown_frame",
+           "touchdown_frames"]
 
 
 @dataclass(frozen=True)
@@ -44,8 +45,10 @@ class StudySensitivity:
     sigma_qd: float = 0.05
     """Standard deviation of the hinge-rate perturbation [rad/s]."""
     frame: int | None = None
-    """Start frame (control step) of the window (None: window // 2 steps before the first touchdown after a flight
-    phase of the clip, so that the window spans the landing; a clip without flight: frame 0)."""
+    """Start frame (control step) of the window (None: window // 2 steps before a touchdown after a flight phase of
+    the clip, so that the window spans the landing, for each of --landings; a clip without flight: frame 0)."""
+    landings: int = 1
+    """Without --frame: how many of the clip's landings to measure, from the first (one row of panels each)."""
     seed: int = 0
     """Seed of the perturbations."""
     out: Path = Path("runs/study_sensitivity")
@@ -57,11 +60,16 @@ class StudySensitivity:
         try:
             policy = None if self.policy is None else load_torch_policy(self.policy)
             clip, kappas = self._clip_and_kappas(policy)
-            if self.branches < 3 or self.window < 1 or not kappas:
-                raise UserError(f"need branches >= 3, window >= 1 and one kappa at least, got {self.branches}, "
-                                f"{self.window}, {list(kappas)}")
-            entries = [branch_sensitivities(clip, float(k), self.branches, self.window, self.sigma_q, self.sigma_qd,
-                                            self.seed, self.frame, policy) for k in kappas]
+            if self.branches < 3 or self.window < 1 or self.landings < 1 or not kappas:
+                raise UserError(f"need branches >= 3, window >= 1, landings >= 1 and one kappa at least, got "
+                                f"{self.branches}, {self.window}, {self.landings}, {list(kappas)}")
+            entries = []
+            for k in kappas:
+                env, actor = _study_env_and_actor(clip, float(k), policy)
+                frames = [self.frame] if self.frame is not None else \
+                    landing_start_frames(env.motion, self.window, self.landings, env.num_frames)
+                entries += [_sensitivities_at(env, actor, float(k), f, self.branches, self.window, self.sigma_q,
+                                              self.sigma_qd, self.seed) for f in frames]
         except (UserError, ValueError) as exc:
             print(f"bcg study sensitivity: error: {exc}", file=sys.stderr)
             return 2
@@ -69,24 +77,26 @@ class StudySensitivity:
         actor = "the reference-target policy" if policy is None else f"the policy {self.policy}"
         from bcg.motion.formats import motion_sha256
 
-        data = {"clip": clip, "clip_sha256": motion_sha256(clip), "frame": entries[0]["frame"], "branches": self.branches, "window": self.window,
-                "sigma_q": self.sigma_q, "sigma_qd": self.sigma_qd, "seed": self.seed,
+        data = {"clip": clip, "clip_sha256": motion_sha256(clip), "frame": entries[0]["frame"],
+                "frames": list(dict.fromkeys(e["frame"] for e in entries)), "branches": self.branches,
+                "window": self.window, "sigma_q": self.sigma_q, "sigma_qd": self.sigma_qd, "seed": self.seed,
                 "policy": None if self.policy is None else str(self.policy),
                 "entries": [{k: v for k, v in e.items() if k != "grads"} for e in entries]}
         (self.out / "sensitivity.json").write_text(json.dumps(_json_safe(data), indent=1) + "\n")
         png = sensitivity_plot(entries, self.out / "study_sensitivity.png", self.window)
         lines = ["# Branch versus bundle sensitivity", "",
-                 f"`{clip}` from frame {entries[0]['frame']}, {self.branches} branches perturbed at t (hinges "
+                 f"`{clip}` from frame {', '.join(str(f) for f in data['frames'])}, {self.branches} branches "
+                 "perturbed at t (hinges "
                  f"N(0, {self.sigma_q:g}^2) rad, "
                  f"rates N(0, {self.sigma_qd:g}^2) rad/s), each differentiated through T = {self.window} steps of "
                  f"{actor}; s = dv_z(t+T)/dp_z(t) [1/s]. The bundle's (first-order smoothed) "
                  "gradient is the branches' mean. Gradient spread: RMS distance of the branches' full state-gradient "
                  "vectors d v_z(t+T) / d(q, qd) from their mean.", "", "![sensitivity](study_sensitivity.png)", "",
-                 "| kappa | nominal s | bundle mean s | branch std | branch min | branch max | gradient spread "
-                 "| PC1 share |",
-                 "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                 "| kappa | frame | nominal s | bundle mean s | branch std | branch min | branch max | "
+                 "gradient spread | PC1 share |",
+                 "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
         for e in entries:
-            lines.append(f"| {e['kappa']:g} | {e['nominal']:.3g} | {e['mean']:.3g} | {e['std']:.3g} | "
+            lines.append(f"| {e['kappa']:g} | {e['frame']} | {e['nominal']:.3g} | {e['mean']:.3g} | {e['std']:.3g} | "
                          f"{min(e['branch']):.3g} | {max(e['branch']):.3g} | {e['spread']:.3g} | "
                          f"{e['pc_share'][0]:.2f} |")
         (self.out / "sensitivity.md").write_text("\n".join(lines) + "\n")
@@ -120,16 +130,30 @@ def load_torch_policy(path: Path) -> Any:
     return load_policy(path)
 
 
-def touchdown_frame(motion: Any, min_flight: int = 3) -> int | None:
-    """The first frame with a foot in contact after at least ``min_flight`` frames with neither (the landing of the
-    first flight phase; a lone contact-free frame is not a flight). Jump: frame 45 (flight 26-44)."""
+def touchdown_frames(motion: Any, min_flight: int = 3) -> list[int]:
+    """Every frame with a foot in contact after at least ``min_flight`` frames with neither (the landings of the
+    clip's flight phases; a lone contact-free frame is not a flight), in order. Jump: frame 45 first (flight 26-44)."""
     contact = np.asarray(motion.foot_contact()).any(1)
-    run = 0
+    out, run = [], 0
     for i, c in enumerate(contact):
         if c and run >= min_flight:
-            return i
+            out.append(i)
         run = 0 if c else run + 1
-    return None
+    return out
+
+
+def touchdown_frame(motion: Any, min_flight: int = 3) -> int | None:
+    """The first of :func:`touchdown_frames`, or None for a clip without flight."""
+    frames = touchdown_frames(motion, min_flight)
+    return frames[0] if frames else None
+
+
+def landing_start_frames(motion: Any, window: int, count: int, num_frames: int) -> list[int]:
+    """Start frames of windows of ``window`` steps across the first ``count`` landings of the clip (``window // 2``
+    before each touchdown) that leave the window before the clip's end; ``[0]`` for a clip without flight."""
+    starts = [max(0, td - window // 2) for td in touchdown_frames(motion)]
+    starts = [f for f in dict.fromkeys(starts) if f < num_frames - window - 1][:count]
+    return starts or [0]
 
 
 def branch_sensitivities(clip: str, kappa: float, branches: int, window: int, sigma_q: float, sigma_qd: float,
@@ -144,15 +168,20 @@ def branch_sensitivities(clip: str, kappa: float, branches: int, window: int, si
     ``env.transition`` with autograd. Returns ``kappa``, ``nominal`` and ``branch`` (list [B]) of
     s = dv_z(t+T)/dp_z(t) [1/s], their ``mean`` and ``std``, ``grads`` [B, 71] (d v_z / d(q, qd)), and the PCA of
     the gradient vectors: ``pc`` [B, 2] projections, ``pc_share`` (variance shares of the first two components)."""
+    env, actor = _study_env_and_actor(clip, kappa, policy)
+    if frame is None:
+        frame = landing_start_frames(env.motion, window, 1, env.num_frames)[0]
+    return _sensitivities_at(env, actor, kappa, frame, branches, window, sigma_q, sigma_qd, seed)
+
+
+def _sensitivities_at(env: Any, actor: Any, kappa: float, frame: int, branches: int, window: int, sigma_q: float,
+                      sigma_qd: float, seed: int) -> dict[str, Any]:
+    """:func:`branch_sensitivities` in a built study env with what acts in it (:func:`_study_env_and_actor`)."""
     import torch
 
     from bcg.estimators.grs import joint_gaussian_offsets
     from bcg.evaluation.mujoco_transfer import start_state
 
-    env, actor = _study_env_and_actor(clip, kappa, policy)
-    if frame is None:
-        td = touchdown_frame(env.motion)
-        frame = max(0, td - window // 2) if td is not None else 0
     if not 0 <= frame < env.num_frames - window - 1:
         raise ValueError(f"frame must leave {window} steps before the clip's end, got {frame}")
     start = start_state(env, torch.full((env.num_envs,), int(frame))).map(lambda t: t[:1])
@@ -211,7 +240,7 @@ def sensitivity_plot(entries: list[dict[str, Any]], path: Path, window: int) -> 
         ax.plot([-2], [e["nominal"]], "kx", ms=7, label=f"nominal {e['nominal']:.3g}")
         ax.set_xlabel("branch", fontsize=8)
         ax.set_ylabel(f"dv_z(t+{window}) / dp_z(t) [1/s]", fontsize=8)
-        ax.set_title(f"kappa {e['kappa']:g}: per-branch sensitivities", fontsize=9)
+        ax.set_title(f"kappa {e['kappa']:g}, frame {e['frame']}: per-branch sensitivities", fontsize=9)
         ax.legend(fontsize=7)
         ax = row[1]
         pc = np.array(e["pc"])
@@ -225,7 +254,7 @@ def sensitivity_plot(entries: list[dict[str, Any]], path: Path, window: int) -> 
         ax.plot(ell[0], ell[1], color="C3", lw=1, label="95 % ellipse")
         ax.set_xlabel(f"PC1 ({e['pc_share'][0]:.0%})", fontsize=8)
         ax.set_ylabel(f"PC2 ({e['pc_share'][1]:.0%})", fontsize=8)
-        ax.set_title(f"kappa {e['kappa']:g}: state-gradient vectors d v_z / d(q, qd)", fontsize=9)
+        ax.set_title(f"kappa {e['kappa']:g}, frame {e['frame']}: state gradients d v_z / d(q, qd)", fontsize=9)
         ax.legend(fontsize=7)
         for a in row:
             style_axis(a)
