@@ -56,6 +56,7 @@ class StudySensitivity:
 
     def run(self) -> int:
         from bcg.errors import UserError
+        from bcg.motion.formats import motion_sha256
 
         try:
             policy = None if self.policy is None else load_torch_policy(self.policy)
@@ -75,8 +76,6 @@ class StudySensitivity:
             return 2
         self.out.mkdir(parents=True, exist_ok=True)
         actor = "the reference-target policy" if policy is None else f"the policy {self.policy}"
-        from bcg.motion.formats import motion_sha256
-
         data = {"clip": clip, "clip_sha256": motion_sha256(clip), "frame": entries[0]["frame"],
                 "frames": list(dict.fromkeys(e["frame"] for e in entries)), "branches": self.branches,
                 "window": self.window, "sigma_q": self.sigma_q, "sigma_qd": self.sigma_qd, "seed": self.seed,
