@@ -112,8 +112,8 @@ METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
 """The three methods on the run clip at the same settings and budget (1200 s)."""
 
 METHODS_JUMP: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("SHAC+BCG", ("def60-bcg-jump-s0", "def60-bcg-jump-s1")),
-    ("SHAC (bptt)", ("def60-bptt-jump-s0", "def60-bptt-jump-s1")),
+    ("SHAC+BCG", ("def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bcg-jump-s2")),
+    ("SHAC (bptt)", ("def60-bptt-jump-s0", "def60-bptt-jump-s1", "def60-bptt-jump-s2")),
     ("PPO", ("def60-ppo-jump-s0", "def60-ppo-jump-s1")),
 )
 """The three methods on the jump clip with `bcg train`'s default settings and 3600 s each."""
@@ -125,7 +125,7 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (1200 s), earlier default: --adaptive-start-credit end", ("ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bcg-run-s2")),
     ("run (3600 s), earlier default", ("def60-bcg-run-s0", "def60-bcg-run-s1")),
     ("jump (3600 s)", ("def60-bcg-jump-credit-s0", "def60-bcg-jump-credit-s1")),
-    ("jump (3600 s), earlier default", ("def60-bcg-jump-s0", "def60-bcg-jump-s1")),
+    ("jump (3600 s), earlier default", ("def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bcg-jump-s2")),
     ("fight (1200 s; seeds 1 and 2 trained after the bundle-gradient correction)",
      ("def20-bcg-fight-new-s0", "def20-bcg-fight-fix-s1", "def20-bcg-fight-s2")),
     ("fight (1200 s), earlier default", ("def-bcg-fight-s0", "def-bcg-fight-s1")),
@@ -162,6 +162,7 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--torque-limit-randomization (3600 s)", ("hd60-bcg-spinkarate-tlr-s0",)),
     ("--reference-joint-margin 0.05 (3600 s)", ("hd60-bcg-spinkarate-m05-s0", "hd60-bcg-spinkarate-m05-s1")),
     ("--contact-randomization (3600 s)", ("hd60-bcg-spinkarate-cr-s0", "hd60-bcg-spinkarate-cr-s1")),
+    ("--contact-randomization --torque-limit-randomization (7200 s)", ("hd120-bcg-spinkarate-crtlr-s0",)),
 )
 """What was tried on SpinKarate's transfer gap (saturated ankles, an ankle roll held at its stop by the clip)."""
 
