@@ -158,6 +158,8 @@ def test_variance_over_training_checkpoints(tmp_path: Path) -> None:
 def test_variance_study_of_a_policy_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """--run-dir takes an exported policy too: measured once (iteration 0) on its clip, through its action map; a file
     that is not a policy is refused before anything runs."""
+    from bcg.evaluation.study_variance import run_label
+
     policy = Path(__file__).parent / "data" / "policy_run_shac_bcg.pt"
     out = tmp_path / "var"
     assert main(["study", "variance", "--run-dir", str(policy), "--estimators", "bptt", "bcg", "--windows", "4",
@@ -165,6 +167,8 @@ def test_variance_study_of_a_policy_file(tmp_path: Path, capsys: pytest.CaptureF
     (entry,) = json.loads((out / "variance.json").read_text())["entries"]
     assert (entry["study"]["run"], entry["study"]["iteration"], entry["study"]["clip"]) == (policy.name, 0, "run")
     assert entry["study"]["action_offset"] == "reference" and entry["summary"]["bptt"]["fell"] == 0.0
+    # a run's own policy.pt is labelled by its run directory
+    assert run_label(Path("runs/jump-s1/policy.pt")) == "jump-s1" and run_label(policy) == policy.name
     readme = Path(__file__).parents[1] / "README.md"
     assert main(["study", "variance", "--run-dir", str(readme), "--out", str(tmp_path / "x")]) == 2
     assert "is not a torch file" in capsys.readouterr().err and not (tmp_path / "x").exists()

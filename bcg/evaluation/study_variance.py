@@ -129,7 +129,7 @@ class StudyVariance:
 
         try:
             check_estimator_specs(tuple(self.estimators))
-            names = [Path(r).name for r in self.run_dir]
+            names = [run_label(Path(r)) for r in self.run_dir]
             if len(set(names)) != len(names):
                 raise ValueError(f"--run-dir: the run directories need distinct names (they label the curves), got "
                                  f"{names}")
@@ -140,6 +140,7 @@ class StudyVariance:
         built = {spec: make_estimator(spec) for spec in self.estimators}
         entries, env, made_for, cp = [], None, None, None
         for run_dir, chosen in runs_chosen:
+            label = run_label(run_dir)
             for it, ckpt in chosen:
                 if run_dir.is_file():
                     policy = load_policy(run_dir)
@@ -160,10 +161,10 @@ class StudyVariance:
                     runs = policy_gradients(env, built, cp, st)
                     summary = summarize(runs, self.estimators[0], bootstrap=st.bootstrap, confidence=st.confidence)
                     entries.append({"study": study_dict(st) | {"iteration": it, "checkpoint": str(ckpt),
-                                                               "run": run_dir.name, "action_offset": env.action_offset},
+                                                               "run": label, "action_offset": env.action_offset},
                                     "summary": _json_safe(summary), "seconds": time.perf_counter() - t0})
                     v = ", ".join(f"{e}: V {summary[e]['V']:.3g}" for e in self.estimators)
-                    print(f"  {run_dir.name} iteration {it} T {w}: {v} ({entries[-1]['seconds']:.0f} s)", flush=True)
+                    print(f"  {label} iteration {it} T {w}: {v} ({entries[-1]['seconds']:.0f} s)", flush=True)
         data = {"estimators": list(self.estimators), "entries": entries, "x": "iteration",
                 "run_dirs": [str(r) for r, _ in runs_chosen],
                 "parameters": f"output layer ({cp.num_params} parameters)"}
@@ -206,6 +207,12 @@ def policy_gradients(env: Any, estimators: dict[str, Any], policy: CheckpointPol
         for spec, est in estimators.items():
             runs[spec][seed] = estimator_gradients(env, est, policy, theta0, start, study.window, seed)
     return runs
+
+
+def run_label(run: Path) -> str:
+    """How a study names a run: its directory's name; a run's own ``policy.pt`` by its run directory's name; any other
+    policy file by its file name."""
+    return run.parent.name if run.name == "policy.pt" and run.parent.name else run.name
 
 
 def policy_sources(run: Path, count: int) -> list[tuple[int, Path]]:
