@@ -299,8 +299,6 @@ class SHAC:
         width = config.num_critics * (config.critic_hidden[0] if config.critic_hidden else 1)
         self.update_threads = resolve_update_threads(update_threads, rows, width)
         """Torch intra-op threads of the critic fit (the rollout keeps the caller's setting)."""
-        if critic_fit_worker not in ("thread", "process"):
-            raise ValueError(f"critic_fit_worker must be 'thread' or 'process', got {critic_fit_worker!r}")
         self._last_fit: tuple[float, float, float] = (math.nan, math.nan, math.nan)  # joined last: loss, norm, new
         if (env is None) == (env_config is None):
             raise ValueError("SHAC takes an env_config or an env (one of them)")

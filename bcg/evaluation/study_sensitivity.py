@@ -119,13 +119,13 @@ def load_torch_policy(path: Path) -> Any:
     without policy.pt and a file that is not a torch policy raise :class:`~bcg.errors.UserError` subclasses."""
     from bcg.agents.export import load_policy
     from bcg.errors import InputNotFoundError
+    from bcg.evaluation.study_variance import require_policy_source
 
+    require_policy_source(path)
     if path.is_dir():
         if not (path / "policy.pt").is_file():
             raise InputNotFoundError(f"{path} is a directory without policy.pt (`bcg export RUN` writes it)")
         path = path / "policy.pt"
-    elif not path.is_file():
-        raise InputNotFoundError(f"{path} does not exist: expected a bcg train run directory or a policy file")
     return load_policy(path)
 
 

@@ -215,14 +215,22 @@ def run_label(run: Path) -> str:
     return run.parent.name if run.name == "policy.pt" and run.parent.name else run.name
 
 
+def require_policy_source(run: Path) -> None:
+    """Refuse a ``run`` path that does not exist (:class:`~bcg.errors.InputNotFoundError`, saying what the studies take
+    there: a ``bcg train`` run directory or a policy file)."""
+    from bcg.errors import InputNotFoundError
+
+    if not run.exists():
+        raise InputNotFoundError(f"{run} does not exist: expected a bcg train run directory or a policy file")
+
+
 def policy_sources(run: Path, count: int) -> list[tuple[int, Path]]:
     """The (iteration, file) pairs a study measures for ``run``: ``count`` of a run directory's checkpoints
     (:func:`run_checkpoints`), or a policy file itself as iteration 0 (read here, so that a file that is not a policy
     is refused before anything is measured: :class:`~bcg.agents.export.PolicyFileError`)."""
     from bcg.agents.export import load_policy
 
-    if not run.exists():
-        raise ValueError(f"{run} does not exist: expected a bcg train run directory or a policy file")
+    require_policy_source(run)
     if run.is_file():
         load_policy(run)
         return [(0, run)]
