@@ -5,6 +5,8 @@ environment, determinism."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import gymnasium as gym
 import pytest
 import torch
@@ -349,3 +351,69 @@ def test_a_reset_of_another_row_keeps_an_open_bundles_graph() -> None:
         assert g[0].abs().sum() > 0
         grads.append(g[0])
     assert torch.equal(grads[0], grads[1])
+
+
+def test_activation_trigger_parameters() -> None:
+    assert BCG(trigger="activation").activation_change == 0.5
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="activation_change"):
+            BCG(trigger="activation", activation_change=bad)
+
+
+def test_activation_changes_per_foot() -> None:
+    """The per-foot quantity is the largest |sigmoid(kappa d_now) - recorded| of the foot's spheres; rows without a
+    record (a cleared memory row) read 0."""
+    env = _env()
+    model, nc = env.model, len(env.model.sphere_foot)
+    g = torch.Generator().manual_seed(5)
+    d0, d1 = 0.01 * torch.randn(N, nc, generator=g), 0.01 * torch.randn(N, nc, generator=g)
+    kappa = model.params.kappa
+    recorded = torch.cat([torch.sigmoid(kappa * d0), torch.ones(N, 1)], 1)
+    recorded[2] = 0.0  # row 2: nothing recorded
+    c = ContactReport(torch.zeros(N, nc), torch.zeros(N, nc), d1)
+    got = BCG(trigger="activation").foot_activation_changes(model, c, recorded)
+    change = (torch.sigmoid(kappa * d1) - torch.sigmoid(kappa * d0)).abs()
+    foot = torch.as_tensor(model.sphere_foot)
+    for f in range(len(model.foot_body)):
+        torch.testing.assert_close(got[:2, f], change[:2, foot == f].amax(1), rtol=0, atol=0)
+    assert torch.equal(got[2], torch.zeros(len(model.foot_body)))
+
+
+def test_activation_trigger_opens_bundles_at_a_touchdown() -> None:
+    """Three robots dropped from 3 cm: nothing triggers in the air or at the first step (no record yet); each row's
+    bundle opens the step after one of its spheres' activation moved by more than 0.2 (lagged, as the force trigger),
+    which happens for every row within a few steps of its touchdown; the memory's per-foot quantity is that change."""
+    est = make("bcg", trigger="activation", activation_change=0.2, branches=2, horizon=2)
+    env = _env(est)
+    s = env.state
+    q = s.q.clone()
+    q[:, 2] += 0.03
+    env.load_state(dataclasses.replace(s, q=q, qd=torch.zeros_like(s.qd), memory={}))
+    kappa, triggered, prev = env.model.params.kappa, torch.zeros(N, dtype=torch.bool), None
+    for k in range(10):
+        incoming = env.state.memory
+        _, _, term, _, info = env.step(_actions(env, k).detach())
+        assert not term.any()
+        act = torch.sigmoid(kappa * info["contact_penetration"])
+        if k == 0:
+            assert est.last_stats.envs_triggered == 0 and (info["contact_penetration"] < -0.01).all()
+        else:
+            expect = (incoming["bcg.peak"].amax(1) > 0.2) & (incoming["bcg.left"] == 0)
+            assert est.last_stats.envs_triggered == int(expect.sum())
+            triggered |= expect
+        got = env.state.memory["bcg.peak"].amax(1)
+        want = torch.zeros(N) if prev is None else (act - prev).abs().amax(1)
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+        prev = act
+    assert triggered.all()
+
+
+def test_activation_trigger_at_its_ceiling_is_bptt() -> None:
+    """An activation change above 1 is impossible: activation_change = 1 never bundles and the rollout equals bptt
+    bit for bit (values and gradients)."""
+    plain = _rollout(_env())
+    est = make("bcg", trigger="activation", activation_change=1.0)
+    got = _rollout(_env(est))
+    assert torch.equal(plain[0], got[0]) and torch.equal(plain[1], got[1])
+    assert all(torch.equal(a, b) for a, b in zip(plain[2], got[2], strict=True))
+    assert est.total_stats.envs_triggered == 0 and "bcg.act" in got[3].memory

@@ -151,7 +151,8 @@ def test_variance_over_training_checkpoints(tmp_path: Path) -> None:
         ("r", 1), ("r", 3), ("copy", 1), ("copy", 3)]
     v = [e["summary"]["bptt"]["V"] for e in two["entries"]]
     assert v[:2] == v[2:] == [vs[0], vs[2]]  # the same checkpoints and start states give the same numbers
-    assert "| copy | " in (both / "variance.md").read_text()
+    md = (both / "variance.md").read_text()
+    assert "| copy | " in md and "Over training: the policies of" in md
     assert main(["study", "variance", "--run-dir", str(tmp_path / "r"), str(tmp_path / "r"), "--out", str(both)]) == 2
 
 
@@ -167,6 +168,7 @@ def test_variance_study_of_a_policy_file(tmp_path: Path, capsys: pytest.CaptureF
     (entry,) = json.loads((out / "variance.json").read_text())["entries"]
     assert (entry["study"]["run"], entry["study"]["iteration"], entry["study"]["clip"]) == (policy.name, 0, "run")
     assert entry["study"]["action_offset"] == "reference" and entry["summary"]["bptt"]["fell"] == 0.0
+    assert f"At the policy {policy};" in (out / "variance.md").read_text()  # one policy, not checkpoints
     # a run's own policy.pt is labelled by its run directory
     assert run_label(Path("runs/jump-s1/policy.pt")) == "jump-s1" and run_label(policy) == policy.name
     readme = Path(__file__).parents[1] / "README.md"

@@ -31,14 +31,20 @@ from bcg.estimators.grs import average_branches, cartesian_law_offsets, joint_ga
 from bcg.estimators.registry import register
 from bcg.sim import ContactReport, Physics
 
-__all__ = ["BCG", "MEMORY_KEYS", "open_rows"]
+__all__ = ["ACTIVATION_KEY", "BCG", "MEMORY_KEYS", "open_rows"]
 
 
 MEMORY_KEYS = ("bcg.left", "bcg.peak", "bcg.off_q", "bcg.off_qd")
 """The per-row memory a :class:`BCG` step returns (rows of :attr:`bcg.envs.EnvState.memory`): ``bcg.left`` [N] long
-(control steps the row's open bundle still runs; 0: none open), ``bcg.peak`` [N, nf] (the step's trigger force per
-foot [N], read by the lagged trigger of the next step), ``bcg.off_q`` [N, B, nq] and ``bcg.off_qd`` [N, B, nv] (the
+(control steps the row's open bundle still runs; 0: none open), ``bcg.peak`` [N, nf] (the step's trigger quantity per
+foot, read by the lagged trigger of the next step: its force [N], or its activation change with the ``activation``
+trigger), ``bcg.off_q`` [N, B, nq] and ``bcg.off_qd`` [N, B, nv] (the
 open bundle's branch offsets from the mean it returned, with their autograd graph; zero where none is open)."""
+
+ACTIVATION_KEY = "bcg.act"
+"""The memory row the ``activation`` trigger adds: [N, nc + 1], every contact sphere's activation sigmoid(kappa d) at
+the end of the step, then 1.0 ("recorded"). A cleared row (all zero) has no record, so the step after a reset or a
+replaced state does not read a switch from nothing."""
 
 
 def open_rows(memory: dict[str, torch.Tensor] | None) -> torch.Tensor:
@@ -59,9 +65,16 @@ class BCG(Estimator):
     """H, control steps a bundle lasts (shared actions; the nominal rollout resumes from the mean)."""
     tau: float = 400.0
     """Trigger threshold on the contact normal force over the control step [N] (the substeps' peak force)."""
-    trigger: Literal["force", "always", "never"] = "force"
-    """``force`` (bundle where the force exceeds tau), ``always`` (every environment whenever no bundle is open) or
-    ``never`` (plain backprop through time, bit-identical to ``bptt``)."""
+    trigger: Literal["force", "activation", "always", "never"] = "force"
+    """``force`` (bundle where the force exceeds tau), ``activation`` (bundle where a contact switched: a sphere's
+    activation sigmoid(kappa d) changed by more than ``activation_change`` over the step, docs/estimators.md),
+    ``always`` (every environment whenever no bundle is open) or ``never`` (plain backprop through time, bit-identical
+    to ``bptt``)."""
+    activation_change: float = 0.5
+    """``activation`` trigger: the least change of one sphere's contact activation over a control step (0-1). The
+    activation's slope kappa s (1 - s) is the smoothed contact's local sensitivity to penetration; a large change
+    means the step crossed that steep band (a touchdown or a lift-off). 0.5 triggers about as often as tau = 400 N
+    on a trained jump policy."""
     aggregation: Literal["per_point", "per_foot"] = "per_point"
     """Trigger quantity: the largest force of one contact sphere, or of the sum over each foot's spheres."""
     timing: Literal["lagged", "rollback"] = "lagged"
@@ -70,7 +83,8 @@ class BCG(Estimator):
     law: Literal["joint_gaussian", "cartesian"] = "cartesian"
     """Perturbation law at the bundle start: ``joint_gaussian`` (independent N(0, sigma_q^2), N(0, sigma_qd^2) on every
     hinge angle and rate) or ``cartesian`` (end-point offsets N(0, sigma_p^2), N(0, sigma_v^2) of the chains of the
-    feet whose force passed tau, all feet with ``trigger="always"``, through the damped Jacobian pseudoinverse,
+    feet whose force passed tau (whose activation switched, with ``trigger="activation"``), all feet with
+    ``trigger="always"``, through the damped Jacobian pseudoinverse,
     :mod:`bcg.estimators.perturb`); clamped to the joint limits. Default: the Cartesian law of docs/method.md §3.4."""
     sigma_p: float = 0.01
     """Cartesian law: standard deviation of the end-link position offset [m]."""
@@ -97,12 +111,15 @@ class BCG(Estimator):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
-        for name in ("sigma_q", "sigma_qd", "tau", "sigma_p", "sigma_v", "damping", "max_joint_offset",
-                     "max_joint_rate_offset"):
+        for name in ("sigma_q", "sigma_qd", "tau", "activation_change", "sigma_p", "sigma_v", "damping",
+                     "max_joint_offset", "max_joint_rate_offset"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or not (v >= 0.0) or v == float("inf"):
                 raise ValueError(f"{name} must be a finite number >= 0, got {v!r}")
-        choices = {"trigger": ("force", "always", "never"), "aggregation": ("per_point", "per_foot"),
+        if self.activation_change > 1.0:
+            raise ValueError(f"activation_change must be in [0, 1] (an activation is a sigmoid), got "
+                             f"{self.activation_change!r}")
+        choices = {"trigger": ("force", "activation", "always", "never"), "aggregation": ("per_point", "per_foot"),
                    "timing": ("lagged", "rollback"), "law": ("joint_gaussian", "cartesian")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
@@ -130,6 +147,44 @@ class BCG(Estimator):
         f = self.foot_forces(model, contact)
         return f.amax(1) if f.shape[1] else torch.zeros(f.shape[0], dtype=f.dtype, device=f.device)
 
+    def foot_activation_changes(self, model, contact: ContactReport, recorded: torch.Tensor) -> torch.Tensor:
+        """[N, nf] per contact body the largest change of one of its spheres' activation sigmoid(kappa d) from
+        ``recorded`` (the previous step's :data:`ACTIVATION_KEY` row, [N, nc + 1]) to the end of this step (detached;
+        0 for rows without a record)."""
+        now = torch.sigmoid(model.params.kappa * contact.penetration.detach())
+        change = (now - recorded[:, :-1].to(now.dtype)).abs() * recorded[:, -1:].to(now.dtype)
+        foot = torch.as_tensor(model.sphere_foot, dtype=torch.long, device=now.device)
+        per = now.new_zeros(now.shape[0], len(model.foot_body))
+        return per.scatter_reduce(1, foot[None].expand(now.shape[0], -1), change, reduce="amax", include_self=False)
+
+    def _foot_trigger(self, model, contact: ContactReport, recorded: torch.Tensor | None) -> torch.Tensor:
+        """[N, nf] the step's trigger quantity per contact body (the memory's ``bcg.peak``): its force [N], or its
+        activation change with the ``activation`` trigger."""
+        if self.trigger == "activation":
+            return self.foot_activation_changes(model, contact, recorded)
+        return self.foot_forces(model, contact)
+
+    def _threshold(self) -> float:
+        return self.activation_change if self.trigger == "activation" else self.tau
+
+    def _memory_out(self, model, contact: ContactReport, recorded: torch.Tensor | None, left: torch.Tensor,
+                    off_q: torch.Tensor, off_qd: torch.Tensor) -> dict[str, torch.Tensor]:
+        out = dict(zip(MEMORY_KEYS, (left, self._foot_trigger(model, contact, recorded), off_q, off_qd), strict=True))
+        if self.trigger == "activation":
+            act = torch.sigmoid(model.params.kappa * contact.penetration.detach())
+            out[ACTIVATION_KEY] = torch.cat([act, torch.ones_like(act[:, :1])], 1)
+        return out
+
+    def _read_activations(self, memory: dict[str, torch.Tensor] | None, n: int, nc: int, like: torch.Tensor
+                          ) -> torch.Tensor | None:
+        """[n, nc + 1] the incoming rows' recorded activations (zeros: none recorded); None unless the trigger reads
+        them."""
+        if self.trigger != "activation":
+            return None
+        if memory and ACTIVATION_KEY in memory:
+            return memory[ACTIVATION_KEY]
+        return like.new_zeros(n, nc + 1)
+
     def _read_memory(self, memory: dict[str, torch.Tensor] | None, n: int, nq: int, nv: int, nf: int,
                      like: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """``(left [n], peak [n, nf], off_q [n, B, nq], off_qd [n, B, nv])`` of the incoming rows (zeros: nothing
@@ -155,27 +210,30 @@ class BCG(Estimator):
         ids = torch.arange(n, device=dev) if env_ids is None else env_ids.to(device=dev, dtype=torch.long)
         nf, nq, nv = len(model.foot_body), int(q.shape[1]), int(qd.shape[1])
         left, peak, mem_off_q, mem_off_qd = self._read_memory(memory, n, nq, nv, nf, q)
+        recorded = self._read_activations(memory, n, len(model.sphere_foot), q)
         with torch.no_grad():
             cont = left > 0
             if self.trigger == "always":
                 feet = torch.ones(n, nf, dtype=torch.bool, device=dev)
             elif self.timing == "lagged":
-                feet = peak > self.tau
+                feet = peak > self._threshold()
             else:
                 feet = torch.zeros(n, nf, dtype=torch.bool, device=dev)
             trig = ~cont & feet.any(1)
-        if not (self.trigger == "force" and self.timing == "rollback") and not bool((cont | trig).any()):
-            return self._nominal_only(model, q, qd, targets, physics, ids)
+        rollback = self.trigger in ("force", "activation") and self.timing == "rollback"
+        if not rollback and not bool((cont | trig).any()):
+            return self._nominal_only(model, q, qd, targets, physics, ids, recorded)
         simulated = 0
         nominal_out = None
-        if self.trigger == "force" and self.timing == "rollback":
+        if rollback:
             idx_n = (~cont).nonzero().flatten()
             if idx_n.numel():
                 out = self._call_inner(model, q[idx_n], qd[idx_n], targets[idx_n], _rows(physics, idx_n),
                                        ids[idx_n])
                 simulated += int(idx_n.numel())
                 with torch.no_grad():
-                    hit = self.foot_forces(model, out[2]) > self.tau
+                    rec_n = None if recorded is None else recorded[idx_n]
+                    hit = self._foot_trigger(model, out[2], rec_n) > self._threshold()
                 feet = feet.index_put((idx_n,), hit)
                 trig = trig.index_put((idx_n,), hit.any(1))
                 nominal_out = (idx_n, out)
@@ -254,20 +312,18 @@ class BCG(Estimator):
         rows = K[s_idx]
         off_q_out = q_out.new_zeros(n, B, nq).index_put((rows,), bq.reshape(k, B, nq)[s_idx] - mq[s_idx, None])
         off_qd_out = qd_out.new_zeros(n, B, nv).index_put((rows,), bqd.reshape(k, B, nv)[s_idx] - mqd[s_idx, None])
-        memory_out = dict(zip(MEMORY_KEYS, (left_out, self.foot_forces(model, contact), off_q_out, off_qd_out),
-                              strict=True))
+        memory_out = self._memory_out(model, contact, recorded, left_out, off_q_out, off_qd_out)
         stats = EstimatorStats(calls=1, envs=n, envs_triggered=int(T.numel()), branches_simulated=simulated,
                                nonfinite_dropped=int((~keep).sum()), envs_all_nonfinite=int((~alive).sum()))
         return q_out, qd_out, contact, memory_out, stats
 
-    def _nominal_only(self, model, q, qd, targets, physics, ids):
+    def _nominal_only(self, model, q, qd, targets, physics, ids, recorded):
         """A step in which no bundle is open or starts: one plain inner call, and the memory the general path would
         return with no branched rows (the same outputs and gradients, without the gathers and concatenations)."""
         q_out, qd_out, contact = self._call_inner(model, q, qd, targets, physics, ids)
         n, B = int(q.shape[0]), self.branches
-        memory_out = dict(zip(MEMORY_KEYS, (torch.zeros(n, dtype=torch.long, device=q.device),
-                                            self.foot_forces(model, contact), q_out.new_zeros(n, B, q.shape[1]),
-                                            qd_out.new_zeros(n, B, qd.shape[1])), strict=True))
+        memory_out = self._memory_out(model, contact, recorded, torch.zeros(n, dtype=torch.long, device=q.device),
+                                      q_out.new_zeros(n, B, q.shape[1]), qd_out.new_zeros(n, B, qd.shape[1]))
         return q_out, qd_out, contact, memory_out, EstimatorStats(calls=1, envs=n, branches_simulated=n)
 
 

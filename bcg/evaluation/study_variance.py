@@ -356,8 +356,10 @@ def variance_markdown(data: dict[str, Any]) -> str:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     if data.get("x") == "iteration":
         dirs = data.get("run_dirs") or [data.get("run_dir")]
-        lines[2:2] = [f"Over training: the policies of {', '.join(map(str, dirs))} at their checkpoints; V over the "
-                      f"{data['parameters']}, the hidden layers fixed.", ""]
+        names = ", ".join(map(str, dirs))
+        where = (f"At the policy {names}" if all(str(d).endswith(".pt") for d in dirs)
+                 else f"Over training: the policies of {names} at their checkpoints")
+        lines[2:2] = [f"{where}; V over the {data['parameters']}, the hidden layers fixed.", ""]
 
     def g(x: Any) -> str:
         return "–" if x is None else f"{x:.3g}"
