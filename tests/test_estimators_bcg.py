@@ -417,3 +417,51 @@ def test_activation_trigger_at_its_ceiling_is_bptt() -> None:
     assert torch.equal(plain[0], got[0]) and torch.equal(plain[1], got[1])
     assert all(torch.equal(a, b) for a, b in zip(plain[2], got[2], strict=True))
     assert est.total_stats.envs_triggered == 0 and "bcg.act" in got[3].memory
+
+
+def test_bundle_sizes_from_the_trigger_quantity() -> None:
+    est = BCG(size="sensitivity", branches=10, min_branches=2, tau=400.0)
+    got = est.bundle_sizes(torch.tensor([400.0, 500.0, 800.0, 2000.0]))
+    assert got.tolist() == [2, 4, 8, 10]  # ceil(2 (x / 400)^2), clamped to [2, 10]
+    assert BCG(size="sensitivity", branches=10, min_branches=3, antithetic=True).bundle_sizes(
+        torch.tensor([400.0, 470.0])).tolist() == [4, 6]  # 3 -> 4, ceil(4.14) = 5 -> 6: pairs stay whole
+    assert BCG().bundle_sizes(torch.tensor([400.0, 5000.0])).tolist() == [10, 10]
+    for bad in ({"trigger": "always"}, {"trigger": "never"}, {"min_branches": 11}, {"min_branches": 0}):
+        with pytest.raises(ValueError):
+            BCG(size="sensitivity", **bad)
+
+
+def test_sized_bundles_simulate_and_average_only_their_branches() -> None:
+    """tau = 60 N opens a bundle in every environment at step 1 (their step-0 forces: 94, 97, 116 N); with
+    size="sensitivity" each gets the branches its force sets (3, 3, 4 of 8), simulates only those (at the step it
+    opens and the step it continues); with min_branches = branches it is the fixed size bit for bit, values and
+    gradients."""
+    B, N_rows = 8, N
+    seen: list = []
+
+    def inner(model, q, qd, targets, physics=None, *, env_ids=None, memory=None):
+        out = simulator_step(model, q, qd, targets, physics)
+        seen.append((env_ids.clone(), out[1].detach().clone()))
+        return out
+
+    est = BCG(tau=60.0, branches=B, size="sensitivity", min_branches=1, seed=3).set_inner(inner)
+    env = _env(est)
+    env.step(_actions(env, 0).detach())
+    peak = env.state.memory["bcg.peak"]
+    sizes = est.bundle_sizes(torch.where(peak > 60.0, peak, torch.zeros_like(peak)).amax(1))
+    assert sizes.tolist() == [3, 3, 4]
+    env.step(_actions(env, 1).detach())
+    assert est.last_stats.envs_triggered == N_rows and est.last_stats.branches_simulated == int(sizes.sum())
+    ids, qd_rows = seen[-1]  # one inner call: each environment's own branches only, and the mean is theirs
+    for e in range(N_rows):
+        assert int((ids == e).sum()) == sizes[e]
+        torch.testing.assert_close(env.state.qd[e], qd_rows[ids == e].mean(0), rtol=1e-5, atol=1e-5)
+    assert est.last_stats.nonfinite_dropped == 0
+    off = env.state.memory["bcg.off_q"]  # the branches past a bundle's size carry no offset (NaN), the others do
+    for e in range(N_rows):
+        assert torch.isfinite(off[e, :sizes[e]]).all() and torch.isnan(off[e, sizes[e]:]).all()
+    env.step(_actions(env, 2).detach())  # the bundles continue with their own sizes
+    assert est.last_stats.envs_triggered == 0 and est.last_stats.branches_simulated == int(sizes.sum())
+    full = _run(make("bcg", tau=60.0, branches=B, seed=3), 3)
+    same = _run(make("bcg", tau=60.0, branches=B, seed=3, size="sensitivity", min_branches=B), 3)
+    assert torch.equal(full[1], same[1]) and all(torch.equal(a, b) for a, b in zip(full[2], same[2], strict=True))

@@ -75,6 +75,13 @@ class BCG(Estimator):
     activation's slope kappa s (1 - s) is the smoothed contact's local sensitivity to penetration; a large change
     means the step crossed that steep band (a touchdown or a lift-off). 0.5 triggers about as often as tau = 400 N
     on a trained jump policy."""
+    size: Literal["fixed", "sensitivity"] = "fixed"
+    """Branches of a new bundle: ``fixed`` (always ``branches``) or ``sensitivity`` (set from how far the trigger
+    quantity x passed its threshold: ceil(min_branches (x / threshold)^2), clamped to [min_branches, branches]; the
+    mean's sampling variance falls as 1/B while the branches' spread grows with the contact's sensitivity, so B
+    follows its square). Branches past a bundle's size are not simulated."""
+    min_branches: int = 4
+    """``size="sensitivity"``: the branches of a bundle whose trigger quantity just passes its threshold."""
     aggregation: Literal["per_point", "per_foot"] = "per_point"
     """Trigger quantity: the largest force of one contact sphere, or of the sum over each foot's spheres."""
     timing: Literal["lagged", "rollback"] = "lagged"
@@ -107,7 +114,7 @@ class BCG(Estimator):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("branches", "horizon"):
+        for name in ("branches", "horizon", "min_branches"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {v!r}")
@@ -119,8 +126,14 @@ class BCG(Estimator):
         if self.activation_change > 1.0:
             raise ValueError(f"activation_change must be in [0, 1] (an activation is a sigmoid), got "
                              f"{self.activation_change!r}")
-        choices = {"trigger": ("force", "activation", "always", "never"), "aggregation": ("per_point", "per_foot"),
-                   "timing": ("lagged", "rollback"), "law": ("joint_gaussian", "cartesian")}
+        if self.size == "sensitivity" and self.trigger not in ("force", "activation"):
+            raise ValueError(f"size='sensitivity' sets a bundle's branches from the force or activation trigger's "
+                             f"quantity; trigger={self.trigger!r} has none")
+        if self.size == "sensitivity" and self.min_branches > self.branches:
+            raise ValueError(f"min_branches ({self.min_branches}) must be <= branches ({self.branches})")
+        choices = {"size": ("fixed", "sensitivity"), "trigger": ("force", "activation", "always", "never"),
+                   "aggregation": ("per_point", "per_foot"), "timing": ("lagged", "rollback"),
+                   "law": ("joint_gaussian", "cartesian")}
         for name, allowed in choices.items():
             if getattr(self, name) not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
@@ -166,6 +179,15 @@ class BCG(Estimator):
 
     def _threshold(self) -> float:
         return self.activation_change if self.trigger == "activation" else self.tau
+
+    def bundle_sizes(self, quantity: torch.Tensor) -> torch.Tensor:
+        """[t] long: the branches of t new bundles whose trigger quantity (the largest over their triggered feet, force
+        [N] or activation change) is ``quantity`` [t] (``size``; rounded up to even with ``antithetic``)."""
+        if self.size == "fixed":
+            return torch.full(quantity.shape, self.branches, dtype=torch.long, device=quantity.device)
+        ratio = quantity.to(torch.float64) / max(self._threshold(), 1e-12)
+        b = torch.ceil(self.min_branches * ratio * ratio).clamp(self.min_branches, self.branches).long()
+        return (b + b % 2).clamp(max=self.branches) if self.antithetic else b
 
     def _memory_out(self, model, contact: ContactReport, recorded: torch.Tensor | None, left: torch.Tensor,
                     off_q: torch.Tensor, off_qd: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -220,6 +242,7 @@ class BCG(Estimator):
             else:
                 feet = torch.zeros(n, nf, dtype=torch.bool, device=dev)
             trig = ~cont & feet.any(1)
+            quantity = peak
         rollback = self.trigger in ("force", "activation") and self.timing == "rollback"
         if not rollback and not bool((cont | trig).any()):
             return self._nominal_only(model, q, qd, targets, physics, ids, recorded)
@@ -233,7 +256,9 @@ class BCG(Estimator):
                 simulated += int(idx_n.numel())
                 with torch.no_grad():
                     rec_n = None if recorded is None else recorded[idx_n]
-                    hit = self._foot_trigger(model, out[2], rec_n) > self._threshold()
+                    q_n = self._foot_trigger(model, out[2], rec_n)
+                    hit = q_n > self._threshold()
+                    quantity = quantity.index_put((idx_n,), q_n.to(quantity.dtype))
                 feet = feet.index_put((idx_n,), hit)
                 trig = trig.index_put((idx_n,), hit.any(1))
                 nominal_out = (idx_n, out)
@@ -258,6 +283,12 @@ class BCG(Estimator):
                                                  self.antithetic, self.generator(dev))
             new_q = torch.cat([q.new_zeros(T.numel(), B, 7), dq], -1)
             new_qd = torch.cat([qd.new_zeros(T.numel(), B, 6), dqd], -1)
+            if self.size != "fixed":  # branches past a bundle's size: NaN offsets, never simulated (below)
+                with torch.no_grad():
+                    x = torch.where(feet[T], quantity[T], torch.zeros_like(quantity[T])).amax(1)
+                    past = torch.arange(B, device=dev)[None] >= self.bundle_sizes(x)[:, None]
+                new_q = torch.where(past[..., None], torch.nan, new_q)
+                new_qd = torch.where(past[..., None], torch.nan, new_qd)
             off_q = torch.cat([off_q[:C.numel()], new_q])
             off_qd = torch.cat([off_qd[:C.numel()], new_qd])
 
@@ -269,18 +300,30 @@ class BCG(Estimator):
         oqd_all = torch.cat([qd.new_zeros(zeros_u, nv), off_qd.reshape(k * B, nv)])
         qb, qdb, tb = q[base] + oq_all, qd[base] + oqd_all, targets[base]
         # an open bundle's stored offset added to a mean that moved can leave the simulator's speed bound, which
-        # bcg.sim.step refuses (it raises): such a branch starts from the nominal row and is dropped from the mean
+        # bcg.sim.step refuses (it raises), and a branch past its bundle's size has NaN offsets: such branch rows are
+        # not simulated and are dropped from the mean (value and gradient)
         with torch.no_grad():
             unusable = ~(torch.isfinite(qb).all(-1) & torch.isfinite(qdb).all(-1)
                          & (qdb.abs() <= float(bcg.sim.MAX_SPEED)).all(-1))
+            skip = unusable.clone()
+            skip[:zeros_u] = False
         if bool(unusable.any()):
             qb = torch.where(unusable[:, None], q[base], qb)
             qdb = torch.where(unusable[:, None], qd[base], qdb)
         holder: dict = {}
         if torch.is_grad_enabled():
             qb, qdb, tb = (RowGradMask.apply(x, holder) for x in (qb, qdb, tb))
-        q1, qd1, c1 = self._call_inner(model, qb, qdb, tb, _rows(physics, base), ids[base])
-        simulated += int(base.numel())
+        if bool(skip.any()):
+            run = (~skip).nonzero().flatten()
+            q1r, qd1r, c1r = self._call_inner(model, qb[run], qdb[run], tb[run], _rows(physics, base[run]),
+                                              ids[base[run]])
+            q1 = qb.new_full((int(base.numel()), nq), torch.nan).index_put((run,), q1r)
+            qd1 = qdb.new_full((int(base.numel()), nv), torch.nan).index_put((run,), qd1r)
+            c1 = ContactReport(*(t.new_zeros(int(base.numel()), *t.shape[1:]).index_put((run,), t) for t in c1r))
+            simulated += int(run.numel())
+        else:
+            q1, qd1, c1 = self._call_inner(model, qb, qdb, tb, _rows(physics, base), ids[base])
+            simulated += int(base.numel())
         bq, bqd = q1[zeros_u:], qd1[zeros_u:]
         if bool(unusable.any()):  # NaN: average_branches drops the branch (value and gradient)
             bq = torch.where(unusable[zeros_u:, None], torch.nan, bq)
@@ -314,7 +357,8 @@ class BCG(Estimator):
         off_qd_out = qd_out.new_zeros(n, B, nv).index_put((rows,), bqd.reshape(k, B, nv)[s_idx] - mqd[s_idx, None])
         memory_out = self._memory_out(model, contact, recorded, left_out, off_q_out, off_qd_out)
         stats = EstimatorStats(calls=1, envs=n, envs_triggered=int(T.numel()), branches_simulated=simulated,
-                               nonfinite_dropped=int((~keep).sum()), envs_all_nonfinite=int((~alive).sum()))
+                               nonfinite_dropped=int((~keep.reshape(-1) & ~skip[zeros_u:]).sum()),
+                               envs_all_nonfinite=int((~alive).sum()))
         return q_out, qd_out, contact, memory_out, stats
 
     def _nominal_only(self, model, q, qd, targets, physics, ids, recorded):
