@@ -167,7 +167,7 @@ class Bench:
     presets: tuple[str, ...] = ("cpu-small", "paper")
     """With --learning: the presets to time."""
     methods: tuple[str, ...] = ("bptt", "bcg", "ppo")
-    """With --learning: SHAC estimators and/or ppo."""
+    """With --learning: SHAC estimators (names or specs, e.g. bcg:size=sensitivity,min_branches=2) and/or ppo."""
     iterations: int = 5
     """With --learning: timed iterations per method (median reported; PPO half as many)."""
     block: int = 1

@@ -84,6 +84,10 @@ def test_a_fit_in_a_worker_process_is_timed_by_what_the_iteration_waits_for() ->
     assert line.startswith("cpu-small (fit in a process): SHAC+BCG / SHAC(bptt) per iteration = **2.00**")
     # twice the simulator's work: the ratio its extra part alone would set
     assert line.endswith(f"the simulator's extra work alone would make {1 + sim / p['iteration']:.2f}")
+    # a bcg spec (sized bundles) is compared with bptt the same way, under its own name
+    spec = "bcg:size=sensitivity,min_branches=2"
+    text = table([r, dict(r, method=spec, parts=bundled)])
+    assert f"cpu-small (fit in a process): SHAC+{spec} / SHAC(bptt) per iteration = **2.00**" in text
 
 
 def test_the_timed_transition_still_reports_the_estimators_statistics() -> None:

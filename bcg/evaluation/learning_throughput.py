@@ -182,9 +182,9 @@ def critic_fit_flops(samples: int, obs_dim: int, hidden: tuple[int, ...], critic
 
 def _shac_config(preset: str, method: str, motion: str, seed: int, overrides: dict[str, Any]) -> Any:
     from bcg.agents.train import default_config
-    from bcg.estimators import make
+    from bcg.estimators import make_spec
 
-    cfg = default_config("shac", preset, motion=motion, seed=seed, estimator=make(method))
+    cfg = default_config("shac", preset, motion=motion, seed=seed, estimator=make_spec(method))
     if overrides:
         cfg = dataclasses.replace(cfg, shac=dataclasses.replace(cfg.shac, **overrides))
     return cfg
@@ -346,11 +346,12 @@ def table(results: list[dict[str, Any]]) -> str:
             lines.append("\n(fit in a process: the critic fit runs in the worker, so its time is not in `critic` but "
                          "in what the iteration waits for it, `other`, and its CPU seconds are not counted)")
         by = {(r["preset"], r["critic_fit_worker"], r["method"]): r for r in shac}
-        for preset, worker in dict.fromkeys((r["preset"], r["critic_fit_worker"]) for r in shac):
-            if (preset, worker, "bcg") in by and (preset, worker, "bptt") in by:
-                b, v = by[(preset, worker, "bcg")], by[(preset, worker, "bptt")]
+        for preset, worker, method in by:
+            if method.split(":")[0] == "bcg" and (preset, worker, "bptt") in by:
+                b, v = by[(preset, worker, method)], by[(preset, worker, "bptt")]
                 where = " (fit in a process)" if worker == "process" else ""
-                lines.append(f"\n{preset}{where}: SHAC+BCG / SHAC(bptt) per iteration = "
+                name = "SHAC+BCG" if method == "bcg" else f"SHAC+{method}"
+                lines.append(f"\n{preset}{where}: {name} / SHAC(bptt) per iteration = "
                              f"**{b['parts']['iteration'] / v['parts']['iteration']:.2f}** at trigger rate "
                              f"{b['trigger_rate']:.3f}; the simulator's extra work alone would make "
                              f"{branch_physics_ratio(b, v):.2f}")
@@ -379,7 +380,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", nargs="+", default=["cpu-small", "paper"])
     ap.add_argument("--methods", nargs="+", default=["bptt", "bcg", "ppo"],
-                    help="SHAC estimators (bptt, bcg, grs, ...) and/or ppo")
+                    help="SHAC estimators (bptt, bcg, grs, ..., or a spec such as bcg:size=sensitivity,min_branches=2) "
+                         "and/or ppo")
     ap.add_argument("--motion", default="jump")
     ap.add_argument("--iterations", type=int, default=5)
     ap.add_argument("--block", type=int, default=1,
