@@ -39,7 +39,7 @@ METHOD_RUNS: tuple[str, ...] = (
     # third seeds
     "ts-bcg-run-s2", "ts-bptt-run-s2", "ts-ppo-run-s2", "def20-bcg-fight-s2", "def20-bptt-fight-s2",
     "def20-ppo-fight-s2", "def20-bcg-dance-s2", "def20-bptt-dance-s2", "def20-ppo-dance-s2",
-    "def60-bcg-jump-s2", "def60-bptt-jump-s2",
+    "def60-bcg-jump-s2", "def60-bptt-jump-s2", "def60-ppo-jump-s2",
 )
 """`bcg train`'s default settings per clip and method (run, fight, dance 1200 s; jump 3600 s); runs of the earlier
 default (a failure credited to the end of its episode) and of today's are labelled apart by the study."""
@@ -55,7 +55,7 @@ CURVE_FIGURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mujoco_curves.png", ()),  # every kept run with a curve
     ("mujoco_curves_jump_methods.png", ("def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bcg-jump-s2",
                                         "def60-bptt-jump-s0", "def60-bptt-jump-s1", "def60-bptt-jump-s2",
-                                        "def60-ppo-jump-s0", "def60-ppo-jump-s1")),
+                                        "def60-ppo-jump-s0", "def60-ppo-jump-s1", "def60-ppo-jump-s2")),
     ("mujoco_curves_jazzwalk_credit.png", ("def60-bcg-jazzwalk-s0", "def60-bcg-jazzwalk-s1",
                                            "def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")),
     ("mujoco_curves_spinkarate.png", ("def60-bcg-spinkarate-credit-s0", "def60-bcg-spinkarate-credit-s1",

@@ -114,9 +114,11 @@ METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
 METHODS_JUMP: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SHAC+BCG", ("def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bcg-jump-s2")),
     ("SHAC (bptt)", ("def60-bptt-jump-s0", "def60-bptt-jump-s1", "def60-bptt-jump-s2")),
-    ("PPO", ("def60-ppo-jump-s0", "def60-ppo-jump-s1")),
+    ("PPO", ("def60-ppo-jump-s0", "def60-ppo-jump-s1", "def60-ppo-jump-s2")),
+    ("SHAC+BCG, bundles sized from the force (`bcg:size=sensitivity,min_branches=2`)", ("def60-bcgsized-jump-s2",)),
 )
-"""The three methods on the jump clip with `bcg train`'s default settings and 3600 s each."""
+"""The three methods on the jump clip with `bcg train`'s default settings and 3600 s each (and one estimator
+variant, seed 2 as the third seeds)."""
 
 
 DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -137,6 +139,7 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("J_ShortDance16_JazzWalk, G1 Moves (1200 s), earlier default", ("ts-bcg-jazzwalk-s0",)),
     ("M_ShortMove14, G1 Moves, 6.5 s, not tuned on (3600 s)",
      ("def60-bcg-shortmove14-s0", "def60-bcg-shortmove14-s1")),
+    ("B_HandsUp, G1 Moves, 7.4 s, not tuned on (3600 s)", ("def60-bcg-handsup-s0", "def60-bcg-handsup-s1")),
     ("B_SpinKarate, G1 Moves, 25.6 s (3600 s)", ("def60-bcg-spinkarate-credit-s0", "def60-bcg-spinkarate-credit-s1")),
     ("B_SpinKarate, G1 Moves, 25.6 s (7200 s: seed 0 continued)", ("def120-bcg-spinkarate-credit-s0",)),
 )
