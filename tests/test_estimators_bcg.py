@@ -15,6 +15,7 @@ from test_estimators import N, _actions, _env, _rollout
 from bcg.envs import simulator_step
 from bcg.estimators import EstimatorStats, make
 from bcg.estimators.bundled import BCG, open_rows
+from bcg.estimators.contact_trigger import ACTIVATION_KEY, ActivationTrigger
 from bcg.sim.reference import ContactReport
 
 
@@ -371,7 +372,8 @@ def test_activation_changes_per_foot() -> None:
     recorded = torch.cat([torch.sigmoid(kappa * d0), torch.ones(N, 1)], 1)
     recorded[2] = 0.0  # row 2: nothing recorded
     c = ContactReport(torch.zeros(N, nc), torch.zeros(N, nc), d1)
-    got = BCG(trigger="activation").foot_activation_changes(model, c, recorded)
+    got = BCG(trigger="activation").contact_trigger.foot_quantity(model, c, {ACTIVATION_KEY: recorded})
+    assert torch.equal(ActivationTrigger(0.5).foot_quantity(model, c), torch.zeros(N, len(model.foot_body)))
     change = (torch.sigmoid(kappa * d1) - torch.sigmoid(kappa * d0)).abs()
     foot = torch.as_tensor(model.sphere_foot)
     for f in range(len(model.foot_body)):

@@ -27,6 +27,7 @@ import torch
 
 import bcg.sim
 from bcg.estimators.base import Estimator, EstimatorStats, RowGradMask
+from bcg.estimators.contact_trigger import ACTIVATION_KEY, ActivationTrigger, ForceTrigger, bundle_sizes
 from bcg.estimators.grs import average_branches, cartesian_law_offsets, joint_gaussian_offsets
 from bcg.estimators.registry import register
 from bcg.sim import ContactReport, Physics
@@ -41,10 +42,6 @@ foot, read by the lagged trigger of the next step: its force [N], or its activat
 trigger), ``bcg.off_q`` [N, B, nq] and ``bcg.off_qd`` [N, B, nv] (the
 open bundle's branch offsets from the mean it returned, with their autograd graph; zero where none is open)."""
 
-ACTIVATION_KEY = "bcg.act"
-"""The memory row the ``activation`` trigger adds: [N, nc + 1], every contact sphere's activation sigmoid(kappa d) at
-the end of the step, then 1.0 ("recorded"). A cleared row (all zero) has no record, so the step after a reset or a
-replaced state does not read a switch from nothing."""
 
 
 def open_rows(memory: dict[str, torch.Tensor] | None) -> torch.Tensor:
@@ -144,68 +141,39 @@ class BCG(Estimator):
 
     # ---------------------------------------------------------------------------------------- helpers
 
+    @property
+    def contact_trigger(self) -> ForceTrigger | ActivationTrigger:
+        """The rule that opens bundles (:mod:`bcg.estimators.contact_trigger`): the force or the activation change."""
+        if self.trigger == "activation":
+            return ActivationTrigger(self.activation_change)
+        return ForceTrigger(self.tau, self.aggregation)
+
     def foot_forces(self, model, contact: ContactReport) -> torch.Tensor:
-        """[N, nf] per contact body (foot, in ``model.foot_body`` order) the force the trigger compares with tau
+        """[N, nf] per contact body (foot, in ``model.foot_body`` order) the force the force trigger compares with tau
         (detached): the largest sphere peak force of the foot (``per_point``) or their sum (``per_foot``)."""
-        f = contact.peak_force.detach()
-        foot = torch.as_tensor(model.sphere_foot, dtype=torch.long, device=f.device)
-        nf = len(model.foot_body)
-        per = torch.zeros(f.shape[0], nf, dtype=f.dtype, device=f.device)
-        if self.aggregation == "per_foot":
-            return per.index_add(1, foot, f)
-        return per.scatter_reduce(1, foot[None].expand(f.shape[0], -1), f, reduce="amax", include_self=False)
+        return ForceTrigger(self.tau, self.aggregation).foot_quantity(model, contact)
 
     def trigger_quantity(self, model, contact: ContactReport) -> torch.Tensor:
         """[N] the force the trigger compares with tau (detached): the largest of :meth:`foot_forces`."""
         f = self.foot_forces(model, contact)
         return f.amax(1) if f.shape[1] else torch.zeros(f.shape[0], dtype=f.dtype, device=f.device)
 
-    def foot_activation_changes(self, model, contact: ContactReport, recorded: torch.Tensor) -> torch.Tensor:
-        """[N, nf] per contact body the largest change of one of its spheres' activation sigmoid(kappa d) from
-        ``recorded`` (the previous step's :data:`ACTIVATION_KEY` row, [N, nc + 1]) to the end of this step (detached;
-        0 for rows without a record)."""
-        now = torch.sigmoid(model.params.kappa * contact.penetration.detach())
-        change = (now - recorded[:, :-1].to(now.dtype)).abs() * recorded[:, -1:].to(now.dtype)
-        foot = torch.as_tensor(model.sphere_foot, dtype=torch.long, device=now.device)
-        per = now.new_zeros(now.shape[0], len(model.foot_body))
-        return per.scatter_reduce(1, foot[None].expand(now.shape[0], -1), change, reduce="amax", include_self=False)
-
-    def _foot_trigger(self, model, contact: ContactReport, recorded: torch.Tensor | None) -> torch.Tensor:
-        """[N, nf] the step's trigger quantity per contact body (the memory's ``bcg.peak``): its force [N], or its
-        activation change with the ``activation`` trigger."""
-        if self.trigger == "activation":
-            return self.foot_activation_changes(model, contact, recorded)
-        return self.foot_forces(model, contact)
-
-    def _threshold(self) -> float:
-        return self.activation_change if self.trigger == "activation" else self.tau
-
     def bundle_sizes(self, quantity: torch.Tensor) -> torch.Tensor:
-        """[t] long: the branches of t new bundles whose trigger quantity (the largest over their triggered feet, force
-        [N] or activation change) is ``quantity`` [t] (``size``; rounded up to even with ``antithetic``)."""
+        """[t] long: the branches of t new bundles whose trigger quantity (the largest over their triggered feet) is
+        ``quantity`` [t]: ``branches`` with ``size="fixed"``, else :func:`~bcg.estimators.contact_trigger.bundle_sizes`
+        from the rule's threshold."""
         if self.size == "fixed":
             return torch.full(quantity.shape, self.branches, dtype=torch.long, device=quantity.device)
-        ratio = quantity.to(torch.float64) / max(self._threshold(), 1e-12)
-        b = torch.ceil(self.min_branches * ratio * ratio).clamp(self.min_branches, self.branches).long()
-        return (b + b % 2).clamp(max=self.branches) if self.antithetic else b
+        return bundle_sizes(quantity, self.contact_trigger.threshold, self.min_branches, self.branches,
+                            self.antithetic)
 
-    def _memory_out(self, model, contact: ContactReport, recorded: torch.Tensor | None, left: torch.Tensor,
+    def _memory_out(self, model, contact: ContactReport, memory: dict[str, torch.Tensor] | None, left: torch.Tensor,
                     off_q: torch.Tensor, off_qd: torch.Tensor) -> dict[str, torch.Tensor]:
-        out = dict(zip(MEMORY_KEYS, (left, self._foot_trigger(model, contact, recorded), off_q, off_qd), strict=True))
-        if self.trigger == "activation":
-            act = torch.sigmoid(model.params.kappa * contact.penetration.detach())
-            out[ACTIVATION_KEY] = torch.cat([act, torch.ones_like(act[:, :1])], 1)
-        return out
-
-    def _read_activations(self, memory: dict[str, torch.Tensor] | None, n: int, nc: int, like: torch.Tensor
-                          ) -> torch.Tensor | None:
-        """[n, nc + 1] the incoming rows' recorded activations (zeros: none recorded); None unless the trigger reads
-        them."""
-        if self.trigger != "activation":
-            return None
-        if memory and ACTIVATION_KEY in memory:
-            return memory[ACTIVATION_KEY]
-        return like.new_zeros(n, nc + 1)
+        """The rows' memory after a step: :data:`MEMORY_KEYS` (the step's per-foot trigger quantity read against the
+        incoming ``memory``) and what the trigger rule carries."""
+        rule = self.contact_trigger
+        out = dict(zip(MEMORY_KEYS, (left, rule.foot_quantity(model, contact, memory), off_q, off_qd), strict=True))
+        return {**out, **rule.memory(model, contact)}
 
     def _read_memory(self, memory: dict[str, torch.Tensor] | None, n: int, nq: int, nv: int, nf: int,
                      like: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -232,20 +200,20 @@ class BCG(Estimator):
         ids = torch.arange(n, device=dev) if env_ids is None else env_ids.to(device=dev, dtype=torch.long)
         nf, nq, nv = len(model.foot_body), int(q.shape[1]), int(qd.shape[1])
         left, peak, mem_off_q, mem_off_qd = self._read_memory(memory, n, nq, nv, nf, q)
-        recorded = self._read_activations(memory, n, len(model.sphere_foot), q)
+        rule = self.contact_trigger
         with torch.no_grad():
             cont = left > 0
             if self.trigger == "always":
                 feet = torch.ones(n, nf, dtype=torch.bool, device=dev)
             elif self.timing == "lagged":
-                feet = peak > self._threshold()
+                feet = peak > rule.threshold
             else:
                 feet = torch.zeros(n, nf, dtype=torch.bool, device=dev)
             trig = ~cont & feet.any(1)
             quantity = peak
         rollback = self.trigger in ("force", "activation") and self.timing == "rollback"
         if not rollback and not bool((cont | trig).any()):
-            return self._nominal_only(model, q, qd, targets, physics, ids, recorded)
+            return self._nominal_only(model, q, qd, targets, physics, ids, memory)
         simulated = 0
         nominal_out = None
         if rollback:
@@ -255,9 +223,8 @@ class BCG(Estimator):
                                        ids[idx_n])
                 simulated += int(idx_n.numel())
                 with torch.no_grad():
-                    rec_n = None if recorded is None else recorded[idx_n]
-                    q_n = self._foot_trigger(model, out[2], rec_n)
-                    hit = q_n > self._threshold()
+                    q_n = rule.foot_quantity(model, out[2], {k: t[idx_n] for k, t in (memory or {}).items()})
+                    hit = q_n > rule.threshold
                     quantity = quantity.index_put((idx_n,), q_n.to(quantity.dtype))
                 feet = feet.index_put((idx_n,), hit)
                 trig = trig.index_put((idx_n,), hit.any(1))
@@ -355,18 +322,18 @@ class BCG(Estimator):
         rows = K[s_idx]
         off_q_out = q_out.new_zeros(n, B, nq).index_put((rows,), bq.reshape(k, B, nq)[s_idx] - mq[s_idx, None])
         off_qd_out = qd_out.new_zeros(n, B, nv).index_put((rows,), bqd.reshape(k, B, nv)[s_idx] - mqd[s_idx, None])
-        memory_out = self._memory_out(model, contact, recorded, left_out, off_q_out, off_qd_out)
+        memory_out = self._memory_out(model, contact, memory, left_out, off_q_out, off_qd_out)
         stats = EstimatorStats(calls=1, envs=n, envs_triggered=int(T.numel()), branches_simulated=simulated,
                                nonfinite_dropped=int((~keep.reshape(-1) & ~skip[zeros_u:]).sum()),
                                envs_all_nonfinite=int((~alive).sum()))
         return q_out, qd_out, contact, memory_out, stats
 
-    def _nominal_only(self, model, q, qd, targets, physics, ids, recorded):
+    def _nominal_only(self, model, q, qd, targets, physics, ids, memory):
         """A step in which no bundle is open or starts: one plain inner call, and the memory the general path would
         return with no branched rows (the same outputs and gradients, without the gathers and concatenations)."""
         q_out, qd_out, contact = self._call_inner(model, q, qd, targets, physics, ids)
         n, B = int(q.shape[0]), self.branches
-        memory_out = self._memory_out(model, contact, recorded, torch.zeros(n, dtype=torch.long, device=q.device),
+        memory_out = self._memory_out(model, contact, memory, torch.zeros(n, dtype=torch.long, device=q.device),
                                       q_out.new_zeros(n, B, q.shape[1]), qd_out.new_zeros(n, B, qd.shape[1]))
         return q_out, qd_out, contact, memory_out, EstimatorStats(calls=1, envs=n, branches_simulated=n)
 
