@@ -1,8 +1,10 @@
-"""``bcg``: Bundled Contact Gradients (docs/method.md §3). An environment whose contact normal force passes ``tau`` is
-expanded into B perturbed branches that run for H control steps with the shared policy actions; the branch mean is
-the state the environment sees (observation, reward, next action), and the nominal rollout resumes from the mean
-when the bundle closes. Untriggered environments run one branch. Triggered environments are gathered into one batch
-with the untriggered ones, so every control step is one call of the inner transition function.
+"""``bcg``: Bundled Contact Gradients (docs/method.md §3). An environment whose contact normal force passes ``tau`` (or
+whose contact switched, with ``trigger="activation"``: :mod:`bcg.estimators.contact_trigger`) is expanded into B
+perturbed branches (B set per bundle from the trigger quantity with ``size="sensitivity"``) that run for H control steps
+with the shared policy actions; the branch mean is the state the environment sees (observation, reward, next action),
+and the nominal rollout resumes from the mean when the bundle closes. Untriggered environments run one branch. Triggered
+environments are gathered into one batch with the untriggered ones, so every control step is one call of the inner
+transition function.
 
 How a bundle lives across control steps: a step returns, in the rows' transition memory (:data:`MEMORY_KEYS`), every
 open bundle's branch offsets from the mean it returned (``x_i - mean``, with their autograd graph). At the next step
@@ -41,7 +43,6 @@ MEMORY_KEYS = ("bcg.left", "bcg.peak", "bcg.off_q", "bcg.off_qd")
 foot, read by the lagged trigger of the next step: its force [N], or its activation change with the ``activation``
 trigger), ``bcg.off_q`` [N, B, nq] and ``bcg.off_qd`` [N, B, nv] (the
 open bundle's branch offsets from the mean it returned, with their autograd graph; zero where none is open)."""
-
 
 
 def open_rows(memory: dict[str, torch.Tensor] | None) -> torch.Tensor:
