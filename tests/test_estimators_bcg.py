@@ -467,3 +467,36 @@ def test_sized_bundles_simulate_and_average_only_their_branches() -> None:
     full = _run(make("bcg", tau=60.0, branches=B, seed=3), 3)
     same = _run(make("bcg", tau=60.0, branches=B, seed=3, size="sensitivity", min_branches=B), 3)
     assert torch.equal(full[1], same[1]) and all(torch.equal(a, b) for a, b in zip(full[2], same[2], strict=True))
+
+
+def test_activation_trigger_with_rollback_opens_at_the_switching_step() -> None:
+    """timing="rollback": the nominal step is simulated first and the rows whose activation moved by more than the
+    threshold in it are re-simulated as bundles in the same step (no lag): the triggered rows are exactly those of the
+    nominal call's contact report against the recorded activations."""
+    calls: list = []
+
+    def inner(model, q, qd, targets, physics=None, *, env_ids=None, memory=None):
+        out = simulator_step(model, q, qd, targets, physics)
+        calls.append((env_ids.clone(), out[2]))
+        return out
+
+    est = BCG(trigger="activation", activation_change=0.2, timing="rollback", branches=2).set_inner(inner)
+    env = _env(est)
+    s = env.state
+    q = s.q.clone()
+    q[:, 2] += 0.03
+    env.load_state(dataclasses.replace(s, q=q, qd=torch.zeros_like(s.qd), memory={}))
+    rule, opened = est.contact_trigger, 0
+    for k in range(10):
+        incoming, calls[:] = env.state.memory, []
+        env.step(_actions(env, k).detach())
+        free = (incoming.get("bcg.left", torch.zeros(N, dtype=torch.long)) == 0).nonzero().flatten()
+        if free.numel() == 0:  # every row inside its bundle: no nominal call, nothing new opens
+            assert len(calls) == 1 and est.last_stats.envs_triggered == 0
+            continue
+        ids, c = calls[0]  # the nominal rows of the step (those without an open bundle)
+        assert torch.equal(ids, free)
+        hit = rule.foot_quantity(env.model, c, {key: t[ids] for key, t in incoming.items()}) > 0.2
+        assert est.last_stats.envs_triggered == int(hit.any(1).sum())
+        opened += est.last_stats.envs_triggered
+    assert opened >= N  # every robot lands within the 10 steps
