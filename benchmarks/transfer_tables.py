@@ -39,6 +39,14 @@ def _option(cfg: Any, key: str) -> Any:
     raise AttributeError(f"TrainConfig has no option {key!r}")
 
 
+def estimator_spec(est: Any) -> str:
+    """The estimator as `bcg train --estimator` takes it: its name, and ``:key=value,...`` for the fields that differ
+    from the estimator's defaults (e.g. ``bcg:size=sensitivity,min_branches=2``)."""
+    defaults = type(est)().params()
+    changed = [f"{k}={v}" for k, v in est.params().items() if v != defaults[k]]
+    return est.name + (":" + ",".join(changed) if changed else "")
+
+
 def settings(cfg_dict: dict[str, Any]) -> str:
     """The options that set a run apart from today's `bcg train` defaults, in its flag names (a run written before a
     default changed reads back as it ran: bcg.agents.train.LEGACY_DEFAULTS)."""
@@ -46,7 +54,7 @@ def settings(cfg_dict: dict[str, Any]) -> str:
 
     cfg = config_from_dict(cfg_dict)
     default = default_config(cfg.agent, cfg.preset)
-    parts = ["--agent ppo"] if cfg.agent == "ppo" else [f"--estimator {cfg.estimator.name}"]
+    parts = ["--agent ppo"] if cfg.agent == "ppo" else [f"--estimator {estimator_spec(cfg.estimator)}"]
     changed = [key for key in LEVERS if _option(cfg, key) != _option(default, key)]
     terminations = [key for key in changed if key.startswith("termination_") and _option(cfg, key) is None]
     for key in changed:
