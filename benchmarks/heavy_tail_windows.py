@@ -26,17 +26,18 @@ def spearman(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(torch.corrcoef(torch.stack([_ranks(a), _ranks(b)]))[0, 1])
 
 
-def window_contacts(env, policy, theta: torch.Tensor, start, window: int, kappa: float
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+def window_contacts(env, policy, theta: torch.Tensor, start, window: int) -> tuple[torch.Tensor, torch.Tensor]:
     """([E] largest sphere force [N], [E] largest change of one sphere's activation over a step) of each environment's
     window from ``start``, the policy acting, no gradients."""
+    from bcg.estimators.contact_trigger import ActivationTrigger
+
     s, n = start, start.num_envs
     fmax, amax, prev = torch.zeros(n), torch.zeros(n), None
     with torch.no_grad():
         for _ in range(window):
             s, _, _, _, c = env.transition(s, policy.actions(env, s, theta))
             fmax = torch.maximum(fmax, c.peak_force.amax(1))
-            act = torch.sigmoid(kappa * c.penetration)
+            act = ActivationTrigger.activations(env.model, c)
             if prev is not None:
                 amax = torch.maximum(amax, (act - prev).abs().amax(1))
             prev = act
@@ -58,14 +59,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     policy = load_policy(a.policy)
-    env, _, kappa = policy_study_env(policy, 2 * a.num_envs)
+    env, _, _ = policy_study_env(policy, 2 * a.num_envs)
     actor = CheckpointPolicy(policy)
     theta = actor.initial_theta(a.num_envs)
     result = {"policy": str(a.policy), "window": a.window, "num_envs": a.num_envs, "seeds": {}}
     for seed in a.seeds:
         start = start_states(env, seed, a.num_envs, a.window)
         g = estimator_gradients(env, make("bptt"), actor, theta, start, a.window, seed).grads.norm(dim=1)
-        fmax, amax = window_contacts(env, actor, theta, start, a.window, kappa)
+        fmax, amax = window_contacts(env, actor, theta, start, a.window)
         top = g.argsort(descending=True)[:a.top]
         row = {"gradient_norm_top": g[top].tolist(), "gradient_norm_median": float(g.median()),
                "largest_force_top": fmax[top].tolist(), "largest_force_median": float(fmax.median()),

@@ -381,16 +381,22 @@ def test_activation_changes_per_foot() -> None:
     assert torch.equal(got[2], torch.zeros(len(model.foot_body)))
 
 
-def test_activation_trigger_opens_bundles_at_a_touchdown() -> None:
-    """Three robots dropped from 3 cm: nothing triggers in the air or at the first step (no record yet); each row's
-    bundle opens the step after one of its spheres' activation moved by more than 0.2 (lagged, as the force trigger),
-    which happens for every row within a few steps of its touchdown; the memory's per-foot quantity is that change."""
-    est = make("bcg", trigger="activation", activation_change=0.2, branches=2, horizon=2)
+def _dropped_env(est):
+    """The jump env through ``est``, its robots at rest 3 cm above their reset pose (in the air), no memory."""
     env = _env(est)
     s = env.state
     q = s.q.clone()
     q[:, 2] += 0.03
     env.load_state(dataclasses.replace(s, q=q, qd=torch.zeros_like(s.qd), memory={}))
+    return env
+
+
+def test_activation_trigger_opens_bundles_at_a_touchdown() -> None:
+    """Three robots dropped from 3 cm: nothing triggers in the air or at the first step (no record yet); each row's
+    bundle opens the step after one of its spheres' activation moved by more than 0.2 (lagged, as the force trigger),
+    which happens for every row within a few steps of its touchdown; the memory's per-foot quantity is that change."""
+    est = make("bcg", trigger="activation", activation_change=0.2, branches=2, horizon=2)
+    env = _dropped_env(est)
     kappa, triggered, prev = env.model.params.kappa, torch.zeros(N, dtype=torch.bool), None
     for k in range(10):
         incoming = env.state.memory
@@ -481,11 +487,7 @@ def test_activation_trigger_with_rollback_opens_at_the_switching_step() -> None:
         return out
 
     est = BCG(trigger="activation", activation_change=0.2, timing="rollback", branches=2).set_inner(inner)
-    env = _env(est)
-    s = env.state
-    q = s.q.clone()
-    q[:, 2] += 0.03
-    env.load_state(dataclasses.replace(s, q=q, qd=torch.zeros_like(s.qd), memory={}))
+    env = _dropped_env(est)
     rule, opened = est.contact_trigger, 0
     for k in range(10):
         incoming, calls[:] = env.state.memory, []

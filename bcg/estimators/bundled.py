@@ -168,11 +168,12 @@ class BCG(Estimator):
         return bundle_sizes(quantity, self.contact_trigger.threshold, self.min_branches, self.branches,
                             self.antithetic)
 
-    def _memory_out(self, model, contact: ContactReport, memory: dict[str, torch.Tensor] | None, left: torch.Tensor,
-                    off_q: torch.Tensor, off_qd: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The rows' memory after a step: :data:`MEMORY_KEYS` (the step's per-foot trigger quantity read against the
-        incoming ``memory``) and what the trigger rule carries."""
-        rule = self.contact_trigger
+    @staticmethod
+    def _memory_out(rule: ForceTrigger | ActivationTrigger, model, contact: ContactReport,
+                    memory: dict[str, torch.Tensor] | None, left: torch.Tensor, off_q: torch.Tensor,
+                    off_qd: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The rows' memory after a step: :data:`MEMORY_KEYS` (the step's per-foot quantity of the trigger ``rule``,
+        read against the incoming ``memory``) and what the rule carries."""
         out = dict(zip(MEMORY_KEYS, (left, rule.foot_quantity(model, contact, memory), off_q, off_qd), strict=True))
         return {**out, **rule.memory(model, contact)}
 
@@ -214,7 +215,7 @@ class BCG(Estimator):
             quantity = peak
         rollback = self.trigger in ("force", "activation") and self.timing == "rollback"
         if not rollback and not bool((cont | trig).any()):
-            return self._nominal_only(model, q, qd, targets, physics, ids, memory)
+            return self._nominal_only(rule, model, q, qd, targets, physics, ids, memory)
         simulated = 0
         nominal_out = None
         if rollback:
@@ -271,13 +272,9 @@ class BCG(Estimator):
         # bcg.sim.step refuses (it raises), and a branch past its bundle's size has NaN offsets: such branch rows are
         # not simulated and are dropped from the mean (value and gradient)
         with torch.no_grad():
-            unusable = ~(torch.isfinite(qb).all(-1) & torch.isfinite(qdb).all(-1)
-                         & (qdb.abs() <= float(bcg.sim.MAX_SPEED)).all(-1))
-            skip = unusable.clone()
-            skip[:zeros_u] = False
-        if bool(unusable.any()):
-            qb = torch.where(unusable[:, None], q[base], qb)
-            qdb = torch.where(unusable[:, None], qd[base], qdb)
+            skip = ~(torch.isfinite(qb).all(-1) & torch.isfinite(qdb).all(-1)
+                     & (qdb.abs() <= float(bcg.sim.MAX_SPEED)).all(-1))
+            skip[:zeros_u] = False  # the nominal rows always run (the env checked their states)
         holder: dict = {}
         if torch.is_grad_enabled():
             qb, qdb, tb = (RowGradMask.apply(x, holder) for x in (qb, qdb, tb))
@@ -292,10 +289,7 @@ class BCG(Estimator):
         else:
             q1, qd1, c1 = self._call_inner(model, qb, qdb, tb, _rows(physics, base), ids[base])
             simulated += int(base.numel())
-        bq, bqd = q1[zeros_u:], qd1[zeros_u:]
-        if bool(unusable.any()):  # NaN: average_branches drops the branch (value and gradient)
-            bq = torch.where(unusable[zeros_u:, None], torch.nan, bq)
-            bqd = torch.where(unusable[zeros_u:, None], torch.nan, bqd)
+        bq, bqd = q1[zeros_u:], qd1[zeros_u:]  # skipped rows are NaN: average_branches drops them
         bc = ContactReport(*(t[zeros_u:] for t in c1))
         mq, mqd, mc, keep = average_branches(bq, bqd, bc, k, B)
         holder["drop"] = torch.cat([torch.zeros(zeros_u, dtype=torch.bool, device=dev), ~keep.reshape(-1)])
@@ -323,18 +317,18 @@ class BCG(Estimator):
         rows = K[s_idx]
         off_q_out = q_out.new_zeros(n, B, nq).index_put((rows,), bq.reshape(k, B, nq)[s_idx] - mq[s_idx, None])
         off_qd_out = qd_out.new_zeros(n, B, nv).index_put((rows,), bqd.reshape(k, B, nv)[s_idx] - mqd[s_idx, None])
-        memory_out = self._memory_out(model, contact, memory, left_out, off_q_out, off_qd_out)
+        memory_out = self._memory_out(rule, model, contact, memory, left_out, off_q_out, off_qd_out)
         stats = EstimatorStats(calls=1, envs=n, envs_triggered=int(T.numel()), branches_simulated=simulated,
                                nonfinite_dropped=int((~keep.reshape(-1) & ~skip[zeros_u:]).sum()),
                                envs_all_nonfinite=int((~alive).sum()))
         return q_out, qd_out, contact, memory_out, stats
 
-    def _nominal_only(self, model, q, qd, targets, physics, ids, memory):
+    def _nominal_only(self, rule, model, q, qd, targets, physics, ids, memory):
         """A step in which no bundle is open or starts: one plain inner call, and the memory the general path would
         return with no branched rows (the same outputs and gradients, without the gathers and concatenations)."""
         q_out, qd_out, contact = self._call_inner(model, q, qd, targets, physics, ids)
         n, B = int(q.shape[0]), self.branches
-        memory_out = self._memory_out(model, contact, memory, torch.zeros(n, dtype=torch.long, device=q.device),
+        memory_out = self._memory_out(rule, model, contact, memory, torch.zeros(n, dtype=torch.long, device=q.device),
                                       q_out.new_zeros(n, B, q.shape[1]), qd_out.new_zeros(n, B, qd.shape[1]))
         return q_out, qd_out, contact, memory_out, EstimatorStats(calls=1, envs=n, branches_simulated=n)
 
