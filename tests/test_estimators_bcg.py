@@ -502,3 +502,42 @@ def test_activation_trigger_with_rollback_opens_at_the_switching_step() -> None:
         assert est.last_stats.envs_triggered == int(hit.any(1).sum())
         opened += est.last_stats.envs_triggered
     assert opened >= N  # every robot lands within the 10 steps
+
+
+def test_gradient_of_a_sized_bundle_is_the_mean_of_its_own_branch_gradients() -> None:
+    """size="sensitivity" through a whole bundle (H = 2, up to 8 branches, sizes 3, 3, 4 from the step-0 forces):
+    autograd of a loss linear in the bundle's final mean equals, per environment, the mean of the gradients of its
+    first B_e branches simulated one by one; the branches past its size contribute nothing."""
+    from bcg.estimators.grs import joint_gaussian_offsets
+
+    B, seed = 8, 5
+    est = BCG(tau=60.0, branches=B, size="sensitivity", min_branches=1, horizon=2, seed=seed, law="joint_gaussian",
+              sigma_q=0.05, sigma_qd=0.2)
+    env = _env(est)
+    s0, *_ = env.transition(env.state, _actions(env, 0).detach())  # nominal: records the forces
+    peak = s0.memory["bcg.peak"]
+    sizes = est.bundle_sizes(torch.where(peak > 60.0, peak, torch.zeros_like(peak)).amax(1))
+    assert sizes.tolist() == [3, 3, 4]
+    a0, a1 = _actions(env, 1), _actions(env, 2)
+    s1, *_ = env.transition(s0, a0)
+    s2, *_ = env.transition(s1, a1)
+    g = torch.Generator().manual_seed(11)
+    w_q, w_qd = torch.randn(29, generator=g), torch.randn(35, generator=g)
+
+    def loss(q, qd):  # one term per row
+        return (q[:, 7:] * w_q).sum(1) + (qd * w_qd).sum(1) + q[:, :3].sum(1)
+
+    ga0, ga1 = torch.autograd.grad(loss(s2.q, s2.qd).sum(), (a0, a1))
+    dq, dqd = joint_gaussian_offsets(env.model, s0.q, s0.qd, B, 0.05, 0.2, False, torch.Generator().manual_seed(seed))
+    per0, per1 = [], []
+    for b in range(B):  # every branch on its own (a test, not a hot path)
+        q = s0.q + torch.cat([torch.zeros(N, 7), dq[:, b]], 1)
+        qd = s0.qd + torch.cat([torch.zeros(N, 6), dqd[:, b]], 1)
+        q, qd, _, _ = simulator_step(env.model, q, qd, env.action_to_target(a0))
+        q, qd, _, _ = simulator_step(env.model, q, qd, env.action_to_target(a1))
+        b0, b1 = torch.autograd.grad(loss(q, qd).sum(), (a0, a1))
+        per0.append(b0)
+        per1.append(b1)
+    for e in range(N):
+        torch.testing.assert_close(ga0[e], torch.stack(per0)[:sizes[e], e].mean(0), rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(ga1[e], torch.stack(per1)[:sizes[e], e].mean(0), rtol=1e-3, atol=1e-4)
