@@ -191,6 +191,12 @@ class Bench:
         check_count("ratio_n", self.ratio_n, 0)
         check_count("torch_threads", self.torch_threads, 1)
         check_count("block", self.block, 1)
+        if self.learning:  # a bad estimator spec is refused here, in one line, before anything is timed
+            from bcg.evaluation.study_variance import check_estimator_specs
+
+            specs = tuple(m for m in self.methods if m != "ppo")
+            if specs:
+                check_estimator_specs(specs)
 
     def run(self) -> int:
         if self.learning:

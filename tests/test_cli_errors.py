@@ -74,6 +74,14 @@ def test_a_value_refused_while_parsing_exits_2_with_one_line(capsys):
     assert exc.value.code == 2
     lines = _stderr_lines(capsys)
     assert len(lines) == 1 and lines[0].startswith("bcg bench: error: sizes must be integers >= 1"), lines
+    # a bad estimator spec for the learning bench is refused before anything is timed
+    for spec, message in (("bcg:min_branches=0", "min_branches must be an int >= 1, got 0"),
+                          ("bogus", "unknown estimator 'bogus'")):
+        with pytest.raises(SystemExit) as exc:
+            main(["bench", "--learning", "--methods", "bptt", spec])
+        assert exc.value.code == 2
+        lines = _stderr_lines(capsys)
+        assert len(lines) == 1 and lines[0].startswith(f"bcg bench: error: {message}"), lines
 
 
 def test_usage_names_the_debug_switch(capsys):
