@@ -8,7 +8,8 @@ episodes through the whole clip, in MuJoCo and in our simulator). The checkpoint
     python benchmarks/transfer_tables.py --write docs/shac.md README.md          # replace them in the docs
 
 ``--write`` replaces the text between ``<!-- transfer_tables:NAME -->`` and ``<!-- /transfer_tables:NAME -->`` in
-each file by table NAME (runs, ablation, methods, defaults, jump, spinkarate); a file without a marker is left as it is.
+each file by table NAME (runs, ablation, methods, methods_jump, defaults, jump,
+spinkarate, bundle_size); a file without a marker is left as it is.
 """
 
 from __future__ import annotations
@@ -178,17 +179,33 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 """What was tried on SpinKarate's transfer gap (saturated ankles, an ankle roll held at its stop by the clip)."""
 
 
-def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: str) -> str:
+BUNDLE_SIZE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("run (1200 s), B = 10", ("def20-bcg-run-s0", "def20-bcg-run-s1")),
+    ("run (1200 s), sized 2 ... 10", ("def20-bcgsized-run-s0", "def20-bcgsized-run-s1")),
+    ("jump (3600 s), seed 1, B = 10", ("def60-bcg-jump-new-s1",)),
+    ("jump (3600 s), seed 1, sized 2 ... 10", ("def60-bcgsized-jump-s1",)),
+    ("jump (3600 s, --adaptive-start-credit end), seed 2, B = 10", ("def60-bcg-jump-s2",)),
+    ("jump (3600 s, --adaptive-start-credit end), seed 2, sized 2 ... 10", ("def60-bcgsized-jump-s2",)),
+)
+"""SHAC+BCG with fixed bundles (`bcg`, B = 10) against bundles sized from the force
+(`bcg:size=sensitivity,min_branches=2`), each pair with the same seed, code and settings, trained side by side."""
+
+
+def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: str,
+            iterations: bool = False) -> str:
     """One row per group of runs (seeds): MuJoCo falls summed over seeds and episodes, mean episode and E_track
-    averaged over seeds (with each seed's value), samples; a group shows the runs of it that are kept."""
-    lines = [f"| {first} | seeds | samples per seed | MuJoCo: falls, mean episode [s], E_track [cm] | ours: falls, "
-             "mean episode [s], E_track [cm] |", "|---|---|---|---|---|"]
+    averaged over seeds (with each seed's value), samples (and, with ``iterations``, each seed's iterations in its
+    budget); a group shows the runs of it that are kept."""
+    its_head, its_rule = (" iterations per seed |", "---|") if iterations else ("", "")
+    lines = [f"| {first} | seeds |{its_head} samples per seed | MuJoCo: falls, mean episode [s], E_track [cm] | ours: "
+             "falls, mean episode [s], E_track [cm] |", f"|---|---|{its_rule}---|---|---|"]
     for label, names in groups:
         runs = [r for r in (root / n for n in names) if r.exists() and any(r.glob("eval_*.json"))]
         if not runs:
             continue
         evals = [json.loads(sorted(r.glob("eval_*.json"))[0].read_text()) for r in runs]
         samples = [int(float(last_row(r)["samples"])) for r in runs]
+        its = " " + " / ".join(last_row(r)["iteration"] for r in runs) + " |" if iterations else ""
         cols = []
         for sim in ("mujoco", "bcg"):
             falls = sum(e[sim]["falls"] for e in evals)
@@ -198,7 +215,7 @@ def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: 
             each = " / ".join(f"{x:.1f}" for x in err)
             cols.append(f"{falls} of {episodes}, {sum(ep) / len(ep):.1f}, {sum(err) / len(err):.1f}"
                         + (f" ({each})" if len(err) > 1 else ""))
-        lines.append(f"| {label} | {len(runs)} | {sum(samples) / len(samples) / 1e6:.2f} M | {cols[0]} | {cols[1]} |")
+        lines.append(f"| {label} | {len(runs)} |{its} {sum(samples) / len(samples) / 1e6:.2f} M | {cols[0]} | {cols[1]} |")
     return "\n".join(lines)
 
 
@@ -212,6 +229,8 @@ def tables(root: Path) -> dict[str, tuple[str, str]]:
         "defaults": ("`bcg train` default, per clip", grouped(root, DEFAULTS, "clip")),
         "jump": ("The jump's landings", grouped(root, JUMP_LEVERS, "jump, SHAC+BCG")),
         "spinkarate": ("SpinKarate's transfer gap", grouped(root, SPINKARATE_LEVERS, "SpinKarate, SHAC+BCG")),
+        "bundle_size": ("Fixed bundles against bundles sized from the force",
+                        grouped(root, BUNDLE_SIZE, "SHAC+BCG", iterations=True)),
     }
 
 
