@@ -9,7 +9,7 @@ The runs live in ``benchmarks/results/stay_up/RUN/`` (``config.json``, ``metrics
    ``docs/img/study_methods*.png``;
 3. ``bcg study stiffness`` on the dance runs at four stiffnesses (Q1) -> ``benchmarks/results/stiffness_dance`` and
    ``docs/img/study_stiffness_dance.png``;
-4. ``benchmarks/mujoco_curves.py`` for the curve figures of docs/shac.md.
+4. ``benchmarks/mujoco_curves.py`` for the curve figures of docs/shac.md and docs/learning_throughput.md.
 
     python benchmarks/regenerate_results.py            # about a minute; needs only the kept files
     python benchmarks/regenerate_results.py --list     # the commands, without running them
@@ -52,8 +52,13 @@ STIFFNESS_RUNS: tuple[str, ...] = (
 )
 """SHAC+BCG on the dance, 1200 s, at kappa = 50, 100, 300 (the default runs) and 1000."""
 
+NXH_RUNS: tuple[str, ...] = ("def20-bcg-run-s0", "def20-bcg-run-s1", "nh32x16-bcg-run-s0", "nh32x16-bcg-run-s1",
+                              "nh16x32-bcg-run-s0", "nh16x32-bcg-run-s1", "nh32x32-bcg-run-s0", "nh32x32-bcg-run-s1")
+"""SHAC+BCG on the run clip, 1200 s, at four sizes of cpu-small's window (environments x steps):
+docs/learning_throughput.md."""
+
 CURVE_FIGURES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("mujoco_curves.png", ()),  # every kept run with a curve
+    ("mujoco_curves.png", ()),  # every kept run with a curve but the window-size runs (a figure of their own)
     ("mujoco_curves_jump_methods.png", ("def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bcg-jump-s2",
                                         "def60-bptt-jump-s0", "def60-bptt-jump-s1", "def60-bptt-jump-s2",
                                         "def60-ppo-jump-s0", "def60-ppo-jump-s1", "def60-ppo-jump-s2")),
@@ -80,7 +85,10 @@ def commands() -> list[list[str]]:
             "benchmarks/results/stiffness_dance"]]
     for name, runs in CURVE_FIGURES:
         out.append([py, "benchmarks/mujoco_curves.py", "--sims", "mujoco", "--out", str(IMG / name),
-                    *(["--runs", *runs] if runs else [])])
+                    *(["--runs", *runs] if runs else ["--exclude", *NXH_RUNS])])
+    if kept(NXH_RUNS):
+        out.append([py, "benchmarks/mujoco_curves.py", "--sims", "mujoco", "--x", "wall_time_s", "--out",
+                    str(IMG / "mujoco_curves_run_window_size.png"), "--runs", *NXH_RUNS])
     return out
 
 

@@ -9,7 +9,7 @@ episodes through the whole clip, in MuJoCo and in our simulator). The checkpoint
 
 ``--write`` replaces the text between ``<!-- transfer_tables:NAME -->`` and ``<!-- /transfer_tables:NAME -->`` in
 each file by table NAME (runs, ablation, methods, methods_jump, defaults, jump,
-spinkarate, bundle_size); a file without a marker is left as it is.
+spinkarate, bundle_size, window_size); a file without a marker is left as it is.
 """
 
 from __future__ import annotations
@@ -182,13 +182,21 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 BUNDLE_SIZE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (1200 s), B = 10", ("def20-bcg-run-s0", "def20-bcg-run-s1")),
     ("run (1200 s), sized 2 ... 10", ("def20-bcgsized-run-s0", "def20-bcgsized-run-s1")),
-    ("jump (3600 s), seed 1, B = 10", ("def60-bcg-jump-new-s1",)),
-    ("jump (3600 s), seed 1, sized 2 ... 10", ("def60-bcgsized-jump-s1",)),
     ("jump (3600 s, --adaptive-start-credit end), seed 2, B = 10", ("def60-bcg-jump-s2",)),
     ("jump (3600 s, --adaptive-start-credit end), seed 2, sized 2 ... 10", ("def60-bcgsized-jump-s2",)),
 )
 """SHAC+BCG with fixed bundles (`bcg`, B = 10) against bundles sized from the force
 (`bcg:size=sensitivity,min_branches=2`), each pair with the same seed, code and settings, trained side by side."""
+
+
+WINDOW_SIZE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("16 x 16 (cpu-small)", ("def20-bcg-run-s0", "def20-bcg-run-s1")),
+    ("32 x 16", ("nh32x16-bcg-run-s0", "nh32x16-bcg-run-s1")),
+    ("16 x 32", ("nh16x32-bcg-run-s0", "nh16x32-bcg-run-s1")),
+    ("32 x 32", ("nh32x32-bcg-run-s0", "nh32x32-bcg-run-s1")),
+)
+"""SHAC+BCG on the run clip, 1200 s, at four window sizes (--shac.num-envs x --shac.horizon), two seeds each, the
+default otherwise."""
 
 
 def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: str,
@@ -215,7 +223,8 @@ def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: 
             each = " / ".join(f"{x:.1f}" for x in err)
             cols.append(f"{falls} of {episodes}, {sum(ep) / len(ep):.1f}, {sum(err) / len(err):.1f}"
                         + (f" ({each})" if len(err) > 1 else ""))
-        lines.append(f"| {label} | {len(runs)} |{its} {sum(samples) / len(samples) / 1e6:.2f} M | {cols[0]} | {cols[1]} |")
+        per_seed = sum(samples) / len(samples) / 1e6
+        lines.append(f"| {label} | {len(runs)} |{its} {per_seed:.2f} M | {cols[0]} | {cols[1]} |")
     return "\n".join(lines)
 
 
@@ -229,6 +238,8 @@ def tables(root: Path) -> dict[str, tuple[str, str]]:
         "defaults": ("`bcg train` default, per clip", grouped(root, DEFAULTS, "clip")),
         "jump": ("The jump's landings", grouped(root, JUMP_LEVERS, "jump, SHAC+BCG")),
         "spinkarate": ("SpinKarate's transfer gap", grouped(root, SPINKARATE_LEVERS, "SpinKarate, SHAC+BCG")),
+        "window_size": ("cpu-small's window at one budget, run clip",
+                        grouped(root, WINDOW_SIZE, "environments x steps", iterations=True)),
         "bundle_size": ("Fixed bundles against bundles sized from the force",
                         grouped(root, BUNDLE_SIZE, "SHAC+BCG", iterations=True)),
     }
