@@ -133,6 +133,7 @@ variant, seed 2 as the third seeds)."""
 DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (1200 s; seed 1 trained after the bundle-gradient correction)",
      ("def20-bcg-run-credit-s0", "def20-bcg-run-credit-s1")),
+    ("run (1200 s), retrained with today's code", ("def20-bcg-run-s0", "def20-bcg-run-s1")),
     ("run (1200 s), earlier default: --adaptive-start-credit end", ("ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bcg-run-s2")),
     ("run (3600 s), earlier default", ("def60-bcg-run-s0", "def60-bcg-run-s1")),
     ("jump (3600 s)", ("def60-bcg-jump-credit-s0", "def60-bcg-jump-credit-s1")),
