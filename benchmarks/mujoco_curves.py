@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bcg.evaluation.learning_curve import MEASURES, CurvePoint, plot_lines, read_curve
+from bcg.evaluation.learning_curve import MEASURES, X_AXES, CurvePoint, plot_lines, read_curve
 from bcg.evaluation.report import pyplot, save_figure, style_axis
 
 ROOT = Path(__file__).resolve().parent
@@ -31,10 +31,6 @@ def gather(root: Path, names: list[str] | None, exclude: tuple[str, ...] = ()
             clip = csv_path.stem.removeprefix("curve_")
             out.setdefault(clip, {})[run.name] = read_curve(csv_path)
     return out
-
-
-X_LABELS = {"samples": "environment samples", "wall_time_s": "training time [s]"}
-"""The x axes a figure can have: a CurvePoint field and its label."""
 
 
 def plot(curves: dict[str, dict[str, list[CurvePoint]]], path: Path, sims: tuple[str, ...] = ("mujoco", "bcg"),
@@ -57,7 +53,7 @@ def plot(curves: dict[str, dict[str, list[CurvePoint]]], path: Path, sims: tuple
             if row == 0:
                 ax.set_title(clip, fontsize=9)
             if row == len(MEASURES) - 1:
-                ax.set_xlabel(X_LABELS[x], fontsize=8)
+                ax.set_xlabel(X_AXES[x], fontsize=8)
         axes[0][col].legend(fontsize=6)
     path.parent.mkdir(parents=True, exist_ok=True)
     return save_figure(fig, path)
@@ -70,7 +66,7 @@ def main() -> None:
     ap.add_argument("--runs", nargs="*", default=None)
     ap.add_argument("--exclude", nargs="*", default=(), help="runs left out (with all runs)")
     ap.add_argument("--sims", nargs="+", choices=("mujoco", "bcg"), default=["mujoco", "bcg"])
-    ap.add_argument("--x", choices=tuple(X_LABELS), default="samples", help="the x axis")
+    ap.add_argument("--x", choices=tuple(X_AXES), default="samples", help="the x axis")
     args = ap.parse_args()
     curves = gather(args.dir, args.runs, tuple(args.exclude))
     if not curves:

@@ -24,6 +24,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from transfer_tables import WINDOW_SIZE  # the sibling script (this folder is on sys.path when run)
+
 ROOT = Path(__file__).resolve().parent.parent
 KEPT = ROOT / "benchmarks" / "results" / "stay_up"
 IMG = ROOT / "docs" / "img"
@@ -52,10 +54,9 @@ STIFFNESS_RUNS: tuple[str, ...] = (
 )
 """SHAC+BCG on the dance, 1200 s, at kappa = 50, 100, 300 (the default runs) and 1000."""
 
-NXH_RUNS: tuple[str, ...] = ("def20-bcg-run-s0", "def20-bcg-run-s1", "nh32x16-bcg-run-s0", "nh32x16-bcg-run-s1",
-                              "nh16x32-bcg-run-s0", "nh16x32-bcg-run-s1", "nh32x32-bcg-run-s0", "nh32x32-bcg-run-s1")
-"""SHAC+BCG on the run clip, 1200 s, at four sizes of cpu-small's window (environments x steps):
-docs/learning_throughput.md."""
+NXH_RUNS: tuple[str, ...] = tuple(name for _, names in WINDOW_SIZE for name in names)
+"""SHAC+BCG on the run clip, 1200 s, at four sizes of cpu-small's window (environments x steps), the runs of
+transfer_tables.WINDOW_SIZE: docs/learning_throughput.md."""
 
 CURVE_FIGURES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mujoco_curves.png", ()),  # every kept run with a curve but the window-size runs (a figure of their own)

@@ -213,8 +213,9 @@ def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: 
         if not runs:
             continue
         evals = [json.loads(sorted(r.glob("eval_*.json"))[0].read_text()) for r in runs]
-        samples = [int(float(last_row(r)["samples"])) for r in runs]
-        its = " " + " / ".join(last_row(r)["iteration"] for r in runs) + " |" if iterations else ""
+        lasts = [last_row(r) for r in runs]
+        samples = [int(float(last["samples"])) for last in lasts]
+        its = " " + " / ".join(last["iteration"] for last in lasts) + " |" if iterations else ""
         cols = []
         for sim in ("mujoco", "bcg"):
             falls = sum(e[sim]["falls"] for e in evals)

@@ -182,6 +182,10 @@ MEASURES: tuple[tuple[str, Callable[[CurvePoint, str], float]], ...] = (
 """The plotted measures: (axis label, the value of a point in a simulator, ``mujoco`` or ``bcg``)."""
 
 
+X_AXES: dict[str, str] = {"samples": "environment samples", "wall_time_s": "training wall time [s]"}
+"""The x axes a curve can be drawn against: a :class:`CurvePoint` field and its axis label."""
+
+
 def plot_lines(ax: Any, label: str, points: list[CurvePoint], xname: str, value: Callable[[CurvePoint, str], float],
                color: str, sims: tuple[str, ...] = SIMULATORS) -> None:
     """One run's curve of one measure on ``ax`` against ``xname`` (a :class:`CurvePoint` field): solid with markers
@@ -202,7 +206,7 @@ def plot_curve(curves: dict[str, list[CurvePoint]], path: Path, title: str = "")
     plt = pyplot()
     fig, axes = plt.subplots(2, 3, figsize=(13, 7), squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for row, (xname, xlabel) in enumerate((("samples", "environment samples"), ("wall_time_s", "training time [s]"))):
+    for row, (xname, xlabel) in enumerate(X_AXES.items()):
         for col, (ylabel, value) in enumerate(MEASURES):
             ax = axes[row][col]
             for k, (label, pts) in enumerate(curves.items()):

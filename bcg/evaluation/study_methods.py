@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bcg.evaluation.learning_curve import CurvePoint, read_curve
+from bcg.evaluation.learning_curve import X_AXES, CurvePoint, read_curve
 from bcg.evaluation.report import PAPER_E_TRACK, pyplot, save_figure, style_axis
 
 __all__ = ["MethodRun", "StudyMethods", "methods_markdown", "methods_plot", "read_runs", "samples_rows",
@@ -238,8 +238,6 @@ PLOT_ROWS: tuple[tuple[str, str, str], ...] = (
     ("E_track in MuJoCo [cm]", "mujoco_e_track_cm", "e_track_cm"),
 )
 """Rows of :func:`methods_plot`: (axis label, CurvePoint attribute, MethodRun attribute)."""
-
-X_AXES: dict[str, str] = {"samples": "environment samples", "wall_time_s": "training wall time [s]"}
 
 
 def _value(obj: Any, attr: str) -> float:
