@@ -72,3 +72,46 @@ def test_evaluate_gap_writes_the_report_beside_the_metrics(tmp_path, capsys):
     assert np.isfinite(d["rows"][0]["joint_vel_rms"]) and d["rows"][0]["joint_vel_rms"] > 0
     assert (tmp_path / "out" / "metrics.json").is_file()
     assert "One-step gap" in capsys.readouterr().out
+
+
+def test_steps_carry_their_clip_time_and_outcome(mujoco_steps):
+    # two episodes (phases at frames 0 and 375 of the jump's 751) of 20 steps each, every step on its own frame
+    dt = 0.02
+    assert mujoco_steps.clip_time is not None and mujoco_steps.episode_fell is not None
+    starts = np.sort(mujoco_steps.clip_time)
+    assert starts[0] == pytest.approx(0.0) and np.unique(np.round(mujoco_steps.clip_time / dt)).size == 40
+    assert not mujoco_steps.episode_fell.any()  # 0.4 s of the reference replay stand
+    early = mujoco_steps.within(0.0, 10 * dt - 1e-9)
+    assert len(early) == 10 and early.clip_time.max() < 10 * dt
+    report = one_step_gap(early, limit_ablation=False)
+    rows = {r.regime: r for r in report.rows}
+    assert rows["episode stands"].steps == 10 and rows["episode falls"].steps == 0
+    with pytest.raises(ValueError, match="must end after it starts"):
+        mujoco_steps.within(1.0, 1.0)
+    with pytest.raises(ValueError, match="clip time"):
+        dataclasses.replace(mujoco_steps, clip_time=None).within(0.0, 1.0)
+
+
+def test_the_episode_outcome_splits_the_gap(mujoco_steps):
+    fell = np.zeros(len(mujoco_steps), dtype=bool)
+    fell[:7] = True
+    report = one_step_gap(dataclasses.replace(mujoco_steps, episode_fell=fell), limit_ablation=False)
+    rows = {r.regime: r for r in report.rows}
+    assert (rows["episode falls"].steps, rows["episode stands"].steps) == (7, 33)
+    assert report.saturated_joints and all(share == 0 for _, share in report.saturated_joints)
+    assert "Actuators saturated most often (share of the steps): none" in report.to_markdown()
+
+
+def test_evaluate_gap_window_keeps_one_stretch(tmp_path):
+    from bcg.evaluation.evaluate_cli import Evaluate
+
+    cmd = Evaluate("reference", motion="jump", protocol=TransferOptions(phases=2, seeds=(0,), seconds=0.2),
+                   progress=False, gap=True, gap_window=(7.0, 8.0), out_dir=tmp_path / "out")
+    assert cmd.run() == 0
+    d = json.loads((tmp_path / "out" / "gap.json").read_text())
+    # the second phase starts at frame 375 (7.5 s): its 10 steps lie in the stretch, the first phase's do not
+    assert d["rows"][0]["steps"] == 10 and "7-8 s of the clip" in d["label"]
+    with pytest.raises(ValueError, match="give --gap too"):
+        Evaluate("reference", motion="jump", gap_window=(1.0, 2.0))
+    with pytest.raises(ValueError, match="START < END"):
+        Evaluate("reference", motion="jump", gap=True, gap_window=(2.0, 1.0))

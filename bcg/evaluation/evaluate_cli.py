@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,9 @@ class Evaluate:
     """Also measure where our simulator and MuJoCo part on this policy's own states: one control step of ours from
     each state MuJoCo visited, split by foot contact, actuator saturation and joint limits (gap.json, gap.md;
     docs/evaluation.md)."""
+    gap_window: tuple[float, float] | None = None
+    """With --gap: measure it only on the steps that start in this stretch of the clip (START END [s]), e.g. where
+    a policy falls (gap.json records the stretch)."""
     force: bool = False
     """Replace the metrics.json and metrics.md of an earlier evaluation in the output folder (else refused)."""
     progress: bool = True
@@ -135,6 +139,12 @@ class Evaluate:
             raise ValueError(f"video_episode must be an integer >= 0, got {self.video_episode!r}")
         if len(self.video_size) != 2 or min(self.video_size) < 1:
             raise ValueError(f"video_size must be two integers >= 1 (width height), got {self.video_size!r}")
+        if self.gap_window is not None:
+            start, end = self.gap_window
+            if not self.gap:
+                raise ValueError("gap_window restricts the one-step gap: give --gap too")
+            if not (math.isfinite(start) and math.isfinite(end) and 0 <= start < end):
+                raise ValueError(f"gap_window must be START END [s] with 0 <= START < END, got {self.gap_window!r}")
 
     def default_out_dir(self, eval_dir: Path, motion: str) -> Path:
         """``eval_dir/CLIP`` with the default options, ``eval_dir/CLIP-HASH`` (8 hex digits of the options and the
@@ -178,6 +188,13 @@ class Evaluate:
 
         # the steps carry the replay env's own model: our simulator re-steps them with the policy's dynamics
         steps = record_transitions(policy, motion, self.protocol, env_kwargs=env_kwargs, progress=self.progress)
+        if self.gap_window is not None:
+            start, end = self.gap_window
+            steps = steps.within(start, end)
+            if len(steps) == 0:
+                raise UserError(f"no replayed step starts in {start:g}-{end:g} s of the clip (the episodes start at "
+                                 f"--phases' frames and last --seconds)")
+            label = f"{label}, {start:g}-{end:g} s of the clip"
         report = one_step_gap(steps, label=label)
         (out / "gap.json").write_text(report.to_json() + "\n")
         (out / "gap.md").write_text(report.to_markdown())

@@ -11,7 +11,11 @@ velocities is the one-step gap. Split by regime, it says which part of the model
   our simulator saturates it smoothly, 16 % lower at the limit; docs/simulator.md);
 * ``joint limit``: some joint ends MuJoCo's step within :data:`LIMIT_MARGIN` of its range or beyond it (MuJoCo's
   limits are soft constraints, ours a hard guard);
-* ``none of these``: free flight of unsaturated joints inside their ranges.
+* ``none of these``: free flight of unsaturated joints inside their ranges;
+* ``episode falls`` / ``episode stands``: the steps of the episodes that end in a fall in MuJoCo, and of the others.
+
+:meth:`Transitions.within` keeps the steps of one stretch of the clip, to ask which regime carries the gap where a
+policy falls.
 
 A second pass re-steps both simulators from the same states with every joint limit removed, which isolates the
 limits' share. The gap is measured on velocities because positions differ by only h times it after one step.
@@ -19,6 +23,7 @@ limits' share. The gap is measured on velocities because positions differ by onl
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -52,9 +57,31 @@ class Transitions:
     impulse: np.ndarray
     model: SimModel | None = None
     """The replay env's model (its contact and integration parameters): what :func:`one_step_gap` re-steps with."""
+    clip_time: np.ndarray | None = None
+    """[K] where in the clip each step starts [s] (its reference frame times the control period); None: unknown."""
+    episode_fell: np.ndarray | None = None
+    """[K] bool: the episode of each step ends in a fall in the simulator that took it; None: unknown."""
 
     def __len__(self) -> int:
         return len(self.q)
+
+    def select(self, keep: np.ndarray) -> Transitions:
+        """The steps where the [K] bool mask ``keep`` is true."""
+        keep = np.asarray(keep, dtype=bool)
+        if keep.shape != (len(self),):
+            raise ValueError(f"the mask has shape {list(keep.shape)}, expected [{len(self)}]")
+        return Transitions(*(x[keep] for x in (self.q, self.qd, self.targets, self.q1, self.qd1, self.impulse)),
+                           model=self.model,
+                           **{k: None if v is None else v[keep] for k, v in (("clip_time", self.clip_time),
+                                                                             ("episode_fell", self.episode_fell))})
+
+    def within(self, start_s: float, end_s: float) -> Transitions:
+        """The steps that start in the stretch [start_s, end_s) of the clip [s]."""
+        if self.clip_time is None:
+            raise ValueError("these transitions carry no clip time (record them with record_transitions)")
+        if not end_s > start_s:
+            raise ValueError(f"the stretch must end after it starts, got {start_s} to {end_s} s")
+        return self.select((self.clip_time >= start_s) & (self.clip_time < end_s))
 
 
 class RecordingTransition:
@@ -68,13 +95,22 @@ class RecordingTransition:
         self.inner = inner
         self.model: SimModel | None = None
         self._steps: list[tuple[torch.Tensor, ...]] = []
+        self._env_ids: list[np.ndarray] = []
 
     def __call__(self, model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor, physics: Any = None,
                  *, env_ids: torch.Tensor, memory: Any = None) -> Any:
         q1, qd1, contact, mem = self.inner(model, q, qd, targets, physics, env_ids=env_ids, memory=memory)
         self.model = model
         self._steps.append(tuple(x.detach().cpu().double() for x in (q, qd, targets, q1, qd1, contact.impulse)))
+        self._env_ids.append(env_ids.detach().cpu().numpy().astype(np.int64))
         return q1, qd1, contact, mem
+
+    def step_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """([K] call index, [K] env row) of every recorded step: in a replay, the control step and the episode."""
+        calls = [np.full(len(ids), t, dtype=np.int64) for t, ids in enumerate(self._env_ids)]
+        if not calls:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        return np.concatenate(calls), np.concatenate(self._env_ids)
 
     def transitions(self) -> Transitions:
         """The recorded steps, stacked."""
@@ -88,7 +124,7 @@ def record_transitions(policy: Any, motion: Any, options: TransferOptions | None
                        progress: bool = False) -> Transitions:
     """Replay ``policy`` on ``motion`` in ``simulator`` (:func:`~bcg.evaluation.mujoco_transfer.replay`, the same
     episodes as ``bcg evaluate``; ``options`` default: :class:`TransferOptions`'s) and return every control step it
-    took."""
+    took, with where in the clip it starts and whether its episode fell."""
     box: list[RecordingTransition] = []
     options = TransferOptions() if options is None else options
 
@@ -96,9 +132,13 @@ def record_transitions(policy: Any, motion: Any, options: TransferOptions | None
         box.append(RecordingTransition(fn))
         return box[-1]
 
-    replay(policy, motion, options, simulator=simulator, env_kwargs=env_kwargs, progress=progress,
-           transition_wrapper=wrap)
-    return box[0].transitions()
+    rollout = replay(policy, motion, options, simulator=simulator, env_kwargs=env_kwargs, progress=progress,
+                     transition_wrapper=wrap)
+    step, episode = box[0].step_rows()
+    # rollout.frame[t] is the reference frame of the state that control step t started from
+    clip_time = rollout.frame[step, episode] * rollout.control_dt
+    return dataclasses.replace(box[0].transitions(), clip_time=clip_time.astype(np.float64),
+                               episode_fell=np.asarray(rollout.fell, dtype=bool)[episode])
 
 
 def restep_mujoco(tr: Transitions, *, joint_limits: bool = True, substeps: int = 4,
@@ -151,6 +191,8 @@ class GapReport:
     rows: list[GapRow]
     worst_joints: list[tuple[str, float]] = field(default_factory=list)
     """(joint, RMS hinge-velocity difference [rad/s]) of the five joints that differ most, over all steps."""
+    saturated_joints: list[tuple[str, float]] = field(default_factory=list)
+    """(joint, share of the steps whose PD torque exceeds its limit) of the five actuators saturated most often."""
 
     @property
     def shares(self) -> dict[str, float]:
@@ -175,7 +217,9 @@ class GapReport:
             lines.append(f"| {r.regime} | {r.steps} | {share:.2f} | {r.joint_vel_rms:.3f} | {r.base_ang_vel:.3f} | "
                          f"{r.base_lin_vel:.3f} | {r.joint_vel_rms_no_limits:.3f} |")
         worst = ", ".join(f"{name} {v:.2f}" for name, v in self.worst_joints)
-        return "\n".join(lines + ["", f"Joints that differ most (RMS [rad/s]): {worst}", ""])
+        saturated = ", ".join(f"{name} {v:.2f}" for name, v in self.saturated_joints if v > 0) or "none"
+        return "\n".join(lines + ["", f"Joints that differ most (RMS [rad/s]): {worst}",
+                                   f"Actuators saturated most often (share of the steps): {saturated}", ""])
 
 
 def one_step_gap(tr: Transitions, model: SimModel | None = None, *, label: str = "",
@@ -198,7 +242,8 @@ def one_step_gap(tr: Transitions, model: SimModel | None = None, *, label: str =
     err = ours - tr.qd1
     kp, kd, lim = (np.asarray(x, dtype=np.float64) for x in (model.kp, model.kd, model.torque_limit))
     u = kp * (tr.targets - tr.q[:, 7:]) - kd * tr.qd[:, 6:]
-    saturated = (np.abs(u) > lim).any(1)
+    saturated_each = np.abs(u) > lim
+    saturated = saturated_each.any(1)
     rng = np.asarray(model.dof_range, dtype=np.float64)[-model.nu:]
     limited = np.asarray(model.dof_limited, dtype=bool)[-model.nu:]
     qj = tr.q1[:, 7:]
@@ -207,6 +252,8 @@ def one_step_gap(tr: Transitions, model: SimModel | None = None, *, label: str =
     regimes = {"all": np.ones(len(tr), dtype=bool), "foot contact": contact, "no foot contact": ~contact,
                "actuator saturated": saturated, "joint limit": at_limit,
                "none of these": ~(contact | saturated | at_limit)}
+    if tr.episode_fell is not None:
+        regimes.update({"episode falls": tr.episode_fell, "episode stands": ~tr.episode_fell})
     rows = []
     for name, sel in regimes.items():
         n = int(sel.sum())
@@ -220,4 +267,6 @@ def one_step_gap(tr: Transitions, model: SimModel | None = None, *, label: str =
     per_joint = np.sqrt((err[:, 6:] ** 2).mean(0))
     names = list(model.joint_names)
     worst = [(names[j], float(per_joint[j])) for j in np.argsort(-per_joint)[:5]]
-    return GapReport(label, rows, worst)
+    share = saturated_each.mean(0)
+    most_saturated = [(names[j], float(share[j])) for j in np.argsort(-share, kind="stable")[:5]]
+    return GapReport(label, rows, worst, most_saturated)
