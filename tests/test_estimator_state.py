@@ -109,6 +109,13 @@ def test_state_dict_is_plain_and_checked() -> None:
     make("bcg", tau=30.0, branches=2).load_state_dict(sd, strict=False)  # a deliberate change of tau
     # a state written before the open bundles moved into the env's state (they were under "memory") still loads
     make("bcg", tau=20.0, branches=2).load_state_dict(dict(sd, memory={"left": torch.zeros(N, dtype=torch.long)}))
+    # a state saved before the bundle-size options existed reads as fixed bundles: it loads into today's default and
+    # is refused by an estimator that sizes its bundles
+    old = dict(sd, params={k: v for k, v in sd["params"].items()
+                           if k not in ("size", "min_branches", "activation_change")})
+    make("bcg", tau=20.0, branches=2).load_state_dict(old)
+    with pytest.raises(ValueError, match="size='fixed' \\(here 'sensitivity'\\)"):
+        make("bcg", tau=20.0, branches=2, size="sensitivity", min_branches=2).load_state_dict(old)
     # reset() after a load starts over from the seed
     est.load_state_dict(sd)
     est.reset()

@@ -23,7 +23,7 @@ import dataclasses
 import inspect
 import textwrap
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -80,6 +80,10 @@ class Estimator(abc.ABC):
     """
 
     name = ""  # set by bcg.estimators.register (a class attribute, not a field)
+    added_params: ClassVar[dict[str, Any]] = {}
+    """Hyperparameters added after states were first saved, each with the value that does what the estimator did
+    before it existed: a saved state without one of them is read as having that value (so that checkpoints of older
+    runs still load, and are refused only when this estimator's value differs)."""
 
     _rt: _Runtime = dataclasses.field(default_factory=_Runtime, init=False, repr=False, compare=False)
     """The mutable companion (inner transition function, generators, counters): not a hyperparameter, so not in
@@ -209,7 +213,7 @@ class Estimator(abc.ABC):
             if state.get("name") != mine:
                 raise ValueError(f"the state was saved by estimator {state.get('name')!r}, this one is {mine!r} "
                                  "(pass strict=False to load it anyway)")
-            saved, own = state.get("params", {}), self.params()
+            saved, own = {**type(self).added_params, **state.get("params", {})}, self.params()
             diff = sorted(k for k in set(saved) | set(own) if saved.get(k, "<missing>") != own.get(k, "<missing>"))
             if diff:
                 raise ValueError("the state was saved with other hyperparameters: "

@@ -23,7 +23,7 @@ differ from the original run's).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 
@@ -56,6 +56,8 @@ def open_rows(memory: dict[str, torch.Tensor] | None) -> torch.Tensor:
 @dataclass(frozen=True)
 class BCG(Estimator):
     """Bundled Contact Gradients: B perturbed branches for H steps where a contact's normal force exceeds tau."""
+
+    added_params: ClassVar[dict[str, Any]] = {"activation_change": 0.5, "size": "fixed", "min_branches": 4}
 
     branches: int = 10
     """B, perturbed branches of a bundle."""
