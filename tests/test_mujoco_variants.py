@@ -1,0 +1,63 @@
+"""benchmarks/mujoco_variants.py: each variant changes the part of MuJoCo's model it names, and nothing else, and the
+script replays a policy once per variant."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bcg.evaluation.mujoco_loop import MujocoLoop
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "mujoco_variants.py"
+_spec = importlib.util.spec_from_file_location("mujoco_variants", _PATH)
+variants = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(variants)
+
+FIELDS = ("geom_solref", "geom_condim", "geom_friction", "jnt_limited", "jnt_actfrcrange", "actuator_forcerange")
+
+
+def _changed(variant: str) -> dict[str, np.ndarray]:
+    base, model = MujocoLoop(1).model, MujocoLoop(1).model
+    variants.model_change(variant)(model)
+    assert (variant == "elliptic-cones") == (model.opt.cone != base.opt.cone)
+    return {f: getattr(model, f) != getattr(base, f) for f in FIELDS if (getattr(model, f) != getattr(base, f)).any()}
+
+
+def test_each_variant_changes_only_its_part_of_the_model():
+    assert _changed("mujoco") == {} and _changed("elliptic-cones") == {}
+    assert set(_changed("stiff-contact")) == {"geom_solref"}
+    assert set(_changed("torsional-friction")) == {"geom_condim", "geom_friction"}
+    assert set(_changed("no-joint-limits")) == {"jnt_limited"}
+    friction = _changed("friction-x2")
+    assert set(friction) == {"geom_friction"} and friction["geom_friction"][:, 0].all()
+    assert not friction["geom_friction"][:, 1:].any()
+    ankles = _changed("ankle-torque-x1.5")
+    model = MujocoLoop(1).model
+    variants.model_change("ankle-torque-x1.5")(model)
+    # the G1's four ankle joints (pitch and roll, both legs) and only them: 50 N m -> 75 N m
+    assert ankles["jnt_actfrcrange"].any(1).sum() == 4
+    assert np.allclose(np.abs(model.jnt_actfrcrange[ankles["jnt_actfrcrange"].any(1)]), 75.0)
+    assert _changed("torque-x1.5")["jnt_actfrcrange"].any(1).sum() == 29
+
+
+def test_unknown_variants_and_bad_factors_are_refused():
+    with pytest.raises(ValueError, match="unknown variant 'softer'"):
+        variants.model_change("softer")
+    with pytest.raises(ValueError, match="must be a number > 0"):
+        variants.model_change("torque-x0")
+
+
+def test_the_script_replays_once_per_variant(tmp_path, capsys):
+    out = tmp_path / "v.json"
+    assert variants.main(["reference", "--motion", "jump", "--phases", "2", "--seeds", "0", "--seconds", "0.2",
+                          "--variants", "mujoco", "stiff-contact", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["mujoco", "stiff-contact"]
+    # 0.2 s of the reference replay stand either way; phase 1 starts at frame 375 of the jump's 751 (7.5 s)
+    assert all(r["falls"] == 0 and r["episodes"] == 2 for r in rows)
+    assert rows[0]["start_s_per_phase"] == pytest.approx([0.0, 7.5])
+    assert "| stiff-contact | 0 of 2 |" in capsys.readouterr().out
