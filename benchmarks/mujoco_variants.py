@@ -1,11 +1,12 @@
-"""Which part of MuJoCo's model topples a policy: the same replay with one change to MuJoCo's model at a time.
+"""Which part of a simulator's model topples a policy: the same replay with one change to the model at a time.
 
 A policy that stands in our simulator and falls in MuJoCo falls because of some difference between the two models.
-This script replays it in MuJoCo (the protocol of ``bcg evaluate``: start phases x seeds, each episode to a fall or
-``--seconds``) once per *variant*, each changing one part of MuJoCo's model, and prints the falls, in total and per
-start phase. A variant that removes the falls names a part of the model the policy depends on.
+This script replays it (the protocol of ``bcg evaluate``: start phases x seeds, each episode to a fall or
+``--seconds``) once per *variant*, each changing one part of MuJoCo's model (or, with ``--simulator bcg``, of ours),
+and prints the falls, in total and per start phase. A MuJoCo variant that removes the falls names a part of the model
+the policy depends on; a variant of ours that brings them names one it was not made robust to.
 
-Variants (``--variants``; the default runs them all):
+MuJoCo variants (``--variants``; the default runs them all):
 
 * ``mujoco``: MuJoCo as ``bcg evaluate`` runs it;
 * ``stiff-contact``: contacts 4x stiffer (solref time constant 5 ms instead of 20 ms; ours is stiffer than MuJoCo's);
@@ -16,10 +17,14 @@ Variants (``--variants``; the default runs them all):
 * ``ankle-torque-xF`` / ``torque-xF``: the ankles' / every actuator's torque limit scaled by F;
 * ``no-joint-limits``: every joint limit removed.
 
+Variants of our simulator (``--simulator bcg``): ``bcg`` (as ``bcg evaluate`` runs it), ``friction-xF`` (the ground
+friction coefficient scaled by F), ``soft-contact`` (MuJoCo's soft normal contact, time constant 0.02 s),
+``no-joint-limits``. Variants join with ``+`` (``soft-contact+friction-x0.5``).
+
 Usage::
 
     python benchmarks/mujoco_variants.py RUN [--motion CLIP] [--phases 16 --seconds 3 --seeds 0 1 2 3 4 5]
-        [--variants ...] [--out variants.json]
+        [--simulator mujoco|bcg] [--variants ...] [--out variants.json]
 """
 
 from __future__ import annotations
@@ -37,8 +42,12 @@ from bcg.evaluation.evaluate_cli import load_source
 from bcg.evaluation.mujoco_transfer import MujocoTransition, replay
 from bcg.evaluation.transfer_protocol import TransferOptions
 
-DEFAULT_VARIANTS = ("mujoco", "stiff-contact", "torsional-friction", "elliptic-cones", "friction-x0.5",
-                    "friction-x2", "ankle-torque-x1.5", "ankle-torque-x3", "torque-x1.5", "no-joint-limits")
+DEFAULT_VARIANTS = {
+    "mujoco": ("mujoco", "stiff-contact", "torsional-friction", "elliptic-cones", "friction-x0.5", "friction-x2",
+               "ankle-torque-x1.5", "ankle-torque-x3", "torque-x1.5", "no-joint-limits"),
+    "bcg": ("bcg", "friction-x0.5", "friction-x2", "soft-contact", "soft-contact+friction-x0.5", "no-joint-limits"),
+}
+"""Each simulator's variants when ``--variants`` is not given."""
 
 
 def _scale_torque(model: Any, factor: float, joint_filter: str = "") -> None:
@@ -51,8 +60,52 @@ def _scale_torque(model: Any, factor: float, joint_filter: str = "") -> None:
             model.actuator_forcerange[a] *= factor
 
 
+def _factor(variant: str, prefix: str) -> float:
+    try:
+        factor = float(variant[len(prefix):])
+    except ValueError:
+        factor = float("nan")
+    if not factor > 0:
+        raise ValueError(f"{variant!r}: the factor after {prefix!r} must be a number > 0")
+    return factor
+
+
+def bcg_change(variant: str) -> Callable[[Any], Any]:
+    """``change(model) -> model``: the copy of a :class:`bcg.sim.SimModel` that ``variant`` of our simulator makes
+    (``+`` joins variants); ValueError for an unknown name."""
+    parts = variant.split("+")
+    if len(parts) > 1:
+        changes = [bcg_change(p) for p in parts]
+
+        def joined(model: Any) -> Any:
+            for change in changes:
+                model = change(model)
+            return model
+        return joined
+    if variant == "bcg":
+        return lambda model: model
+    if variant == "soft-contact":
+        return lambda model: model.with_params(soft_timeconst=0.02)
+    if variant == "no-joint-limits":
+        return lambda model: model.without_joint_limits()
+    if variant.startswith("friction-x"):
+        factor = _factor(variant, "friction-x")
+        return lambda model: model.with_params(mu=model.params.mu * factor)
+    raise ValueError(f"unknown variant {variant!r} of our simulator; known: bcg, friction-xF, soft-contact, "
+                     "no-joint-limits (joined with +)")
+
+
 def model_change(variant: str) -> Callable[[Any], None]:
-    """The change ``variant`` makes to a ``mujoco.MjModel`` (in place); ValueError for an unknown name."""
+    """The change ``variant`` makes to a ``mujoco.MjModel`` (in place; ``+`` joins variants); ValueError for an
+    unknown name."""
+    parts = variant.split("+")
+    if len(parts) > 1:
+        changes = [model_change(p) for p in parts]
+
+        def joined(m: Any) -> None:
+            for change in changes:
+                change(m)
+        return joined
     fixed: dict[str, Callable[[Any], None]] = {
         "mujoco": lambda m: None,
         "stiff-contact": lambda m: m.geom_solref.__setitem__((slice(None), 0), 0.005),
@@ -71,62 +124,72 @@ def model_change(variant: str) -> Callable[[Any], None]:
                           ("ankle-torque-x", lambda m, f: _scale_torque(m, f, "ankle")),
                           ("torque-x", lambda m, f: _scale_torque(m, f))):
         if variant.startswith(prefix):
-            try:
-                factor = float(variant[len(prefix):])
-            except ValueError:
-                factor = float("nan")
-            if not factor > 0:
-                raise ValueError(f"{variant!r}: the factor after {prefix!r} must be a number > 0")
+            factor = _factor(variant, prefix)
             return lambda m, f=factor, apply=apply: apply(m, f)
-    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(DEFAULT_VARIANTS)}, friction-xF, "
-                     "ankle-torque-xF, torque-xF")
+    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(DEFAULT_VARIANTS['mujoco'])}, friction-xF, "
+                     "ankle-torque-xF, torque-xF (joined with +)")
 
 
 def falls_with(policy: Any, motion: Any, options: TransferOptions, env_kwargs: dict[str, Any],
-               variant: str) -> dict[str, Any]:
-    """Replay in MuJoCo changed by ``variant``: falls in total and per start phase, mean episode [s]."""
-    change = model_change(variant)
+               variant: str, simulator: str = "mujoco") -> dict[str, Any]:
+    """Replay in ``simulator`` changed by ``variant``: falls in total and per start phase, mean episode [s]."""
+    if simulator == "mujoco":
+        change = model_change(variant)
 
-    def wrap(fn: Any) -> Any:
-        if not isinstance(fn, MujocoTransition):
-            raise TypeError("the replay's transition is not MuJoCo's")
-        change(fn.loop.model)
-        return fn
+        def wrap(fn: Any) -> Any:
+            if not isinstance(fn, MujocoTransition):
+                raise TypeError("the replay's transition is not MuJoCo's")
+            change(fn.loop.model)
+            return fn
+    else:
+        change_bcg, changed = bcg_change(variant), {}
 
-    r = replay(policy, motion, options, simulator="mujoco", env_kwargs=env_kwargs, transition_wrapper=wrap)
+        def wrap(fn: Any) -> Any:
+            def transition(model: Any, *args: Any, **kwargs: Any) -> Any:
+                if id(model) not in changed:  # the env passes the same model every step: change it once
+                    changed[id(model)] = change_bcg(model)
+                return fn(changed[id(model)], *args, **kwargs)
+            return transition
+
+    r = replay(policy, motion, options, simulator=simulator, env_kwargs=env_kwargs, transition_wrapper=wrap)
     fell = np.asarray(r.fell, dtype=bool)
     phase = np.arange(len(fell)) % options.phases
-    return {"variant": variant, "falls": int(fell.sum()), "episodes": len(fell),
+    return {"simulator": simulator, "variant": variant, "falls": int(fell.sum()), "episodes": len(fell),
             "falls_per_phase": [int(fell[phase == p].sum()) for p in range(options.phases)],
             "start_s_per_phase": [float(f * r.control_dt) for f in r.start_frame[:options.phases]],
-            "mean_episode_s": float(np.mean(r.length) * r.control_dt)}
+            "mean_episode_s": float(np.mean(r.length) * r.control_dt),
+            "e_track_cm": float(np.mean([e["e_track_cm"] for e in r.episodes()]))}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("run", help="run directory, policy file, or `reference` (with --motion)")
     ap.add_argument("--motion", default=None, help="clip (default: the policy's own)")
-    ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS))
+    ap.add_argument("--simulator", choices=("mujoco", "bcg"), default="mujoco", help="whose model the variants change")
+    ap.add_argument("--variants", nargs="+", default=None, help="default: every variant of the simulator")
     ap.add_argument("--phases", type=int, default=16)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4, 5])
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON")
     args = ap.parse_args(argv)
-    for v in args.variants:
-        model_change(v)  # refuse a bad name before any replay
+    names = args.variants or list(DEFAULT_VARIANTS[args.simulator])
+    for v in names:
+        (model_change if args.simulator == "mujoco" else bcg_change)(v)  # refuse a bad name before any replay
     policy, motion, env_kwargs, _, label = load_source(args.run, args.motion)
     options = TransferOptions(phases=args.phases, seeds=tuple(args.seeds), seconds=args.seconds)
     rows = []
-    print(f"{label}: {options.num_episodes} MuJoCo episodes of up to {args.seconds:g} s per variant")
-    print("| MuJoCo variant | falls | mean episode [s] | falls per start phase |\n|---|---|---|---|")
-    for v in args.variants:
-        row = falls_with(policy, motion, options, env_kwargs, v)
+    sim = "MuJoCo" if args.simulator == "mujoco" else "bcg"
+    print(f"{label}: {options.num_episodes} {sim} episodes of up to {args.seconds:g} s per variant")
+    print(f"| {sim} variant | falls | mean episode [s] | E_track [cm] | falls per start phase |\n|---|---|---|---|---|")
+    for v in names:
+        row = falls_with(policy, motion, options, env_kwargs, v, args.simulator)
         rows.append(row)
-        print(f"| {v} | {row['falls']} of {row['episodes']} | {row['mean_episode_s']:.2f} | "
+        print(f"| {v} | {row['falls']} of {row['episodes']} | {row['mean_episode_s']:.2f} | {row['e_track_cm']:.1f} | "
               f"{' '.join(map(str, row['falls_per_phase']))} |", flush=True)
     if args.out is not None:
-        args.out.write_text(json.dumps({"policy": label, "options": {"phases": args.phases, "seeds": args.seeds,
-                                                                      "seconds": args.seconds}, "rows": rows},
+        args.out.write_text(json.dumps({"policy": label, "simulator": args.simulator,
+                                        "options": {"phases": args.phases, "seeds": args.seeds,
+                                                    "seconds": args.seconds}, "rows": rows},
                                        indent=2) + "\n")
         print(f"wrote {args.out}")
     return 0

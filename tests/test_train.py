@@ -309,6 +309,24 @@ def test_config_json_round_trip():
     assert back == cfg and back.shac.actor_hidden == (8, 8)
 
 
+def test_friction_range_replaces_the_randomised_friction_and_survives_the_config_file():
+    from bcg.agents.train import config_from_dict, config_to_dict, parse_train_args
+    from bcg.envs.randomization import DomainRandomization
+
+    cfg = parse_train_args(["--friction-range", "0.2", "0.8", "--torque-limit-randomization"])
+    dr = cfg.env_config().domain_randomization
+    assert dr.friction == (0.2, 0.8) and dr.torque_limit_scale == (0.85, 1.2)
+    assert dr.gain_scale == DomainRandomization().gain_scale  # the rest of domain randomisation is kept
+    alone = parse_train_args(["--friction-range", "0.2", "0.8", "--no-domain-randomization"])
+    dr = alone.env_config().domain_randomization
+    assert dr.friction == (0.2, 0.8) and dr.gain_scale is None and dr.observation_noise is False
+    assert parse_train_args([]).env_config().domain_randomization is True  # unset: the default ranges
+    assert config_from_dict(json.loads(json.dumps(config_to_dict(cfg)))) == cfg
+    d = config_to_dict(parse_train_args([]))
+    del d["friction_range"]  # a run recorded before the option existed
+    assert config_from_dict(d).friction_range is None
+
+
 @pytest.mark.parametrize("args, message", [
     (["--iterations", "0"], "iterations must be an integer >= 1, got 0"),
     (["--motion", "moonwalk"], "unknown motion 'moonwalk': expected one of run, jump, fight, dance"),
@@ -318,6 +336,7 @@ def test_config_json_round_trip():
     (["--kappa", "-5"], "kappa must be a finite number > 0"),
     (["--seed", "-1"], "seed must be an integer in"),
     (["--shac.num-envs", "0"], "num_envs"),
+    (["--friction-range", "0.8", "0.2"], "friction_range must be two numbers LO HI with 0 < LO <= HI"),
 ])
 def test_bad_values_refused(args, message, capsys):
     from bcg.cli import main

@@ -174,6 +174,11 @@ class TrainConfig:
     """Randomise each actuator's torque limit (where its torque saturates) by U(0.85, 1.2) per environment (MuJoCo's
     hard clamp gives up to 16 % more than our smooth saturation near the limit; docs/envs.md). Works with or without
     --domain-randomization."""
+    friction_range: tuple[float, float] | None = None
+    """Range LO HI of the ground friction coefficient drawn per environment (None: domain randomisation's U(0.3, 1.2),
+    or the model's 0.8 without it). A lower range trains on feet that slide and turn more freely: in MuJoCo a foot
+    pivoting under load behaves like ours at mu of about 0.3 (docs/shac.md, SpinKarate). Works with or without
+    --domain-randomization."""
     max_episode_steps: int | None = None
     """Extra time limit of an episode in control steps (None: the clip's end)."""
     reference_joint_margin: float = 0.0
@@ -235,6 +240,12 @@ class TrainConfig:
         if not (isinstance(self.eval_seconds, numbers.Real) and math.isfinite(self.eval_seconds)
                 and self.eval_seconds > 0):
             raise ValueError(f"eval_seconds must be a finite number > 0, got {self.eval_seconds!r}")
+        fr = self.friction_range
+        if fr is not None and not (len(fr) == 2 and all(isinstance(x, numbers.Real) and math.isfinite(x) for x in fr)
+                                   and 0 < fr[0] <= fr[1]):
+            raise ValueError(f"friction_range must be two numbers LO HI with 0 < LO <= HI, got {fr!r}")
+        if fr is not None:  # a config file gives a list
+            object.__setattr__(self, "friction_range", (float(fr[0]), float(fr[1])))
         for name, unit in (("action_scale", " [rad]"), ("action_scale_torque", "")):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
@@ -300,11 +311,13 @@ class TrainConfig:
                          layers=self.layers, **{name: getattr(self, name) for name in REFERENCE_FIELDS})
 
     def _randomization(self) -> bool | DomainRandomization:
-        """EnvConfig.domain_randomization: the flag, or the ranges with the contact draws added."""
+        """EnvConfig.domain_randomization: the flag, or the ranges with the contact, torque-limit and friction draws
+        added."""
         from bcg.envs.randomization import DomainRandomization
 
         extra = {**(CONTACT_RANDOMIZATION if self.contact_randomization else {}),
-                 **(TORQUE_LIMIT_RANDOMIZATION if self.torque_limit_randomization else {})}
+                 **(TORQUE_LIMIT_RANDOMIZATION if self.torque_limit_randomization else {}),
+                 **({"friction": self.friction_range} if self.friction_range else {})}
         if not extra:
             return bool(self.domain_randomization)
         base = DomainRandomization() if self.domain_randomization else DomainRandomization.off()
