@@ -70,10 +70,8 @@ class Transitions:
         keep = np.asarray(keep, dtype=bool)
         if keep.shape != (len(self),):
             raise ValueError(f"the mask has shape {list(keep.shape)}, expected [{len(self)}]")
-        return Transitions(*(x[keep] for x in (self.q, self.qd, self.targets, self.q1, self.qd1, self.impulse)),
-                           model=self.model,
-                           **{k: None if v is None else v[keep] for k, v in (("clip_time", self.clip_time),
-                                                                             ("episode_fell", self.episode_fell))})
+        arrays = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "model"}
+        return dataclasses.replace(self, **{k: None if v is None else v[keep] for k, v in arrays.items()})
 
     def within(self, start_s: float, end_s: float) -> Transitions:
         """The steps that start in the stretch [start_s, end_s) of the clip [s]."""
