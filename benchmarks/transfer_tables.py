@@ -177,6 +177,8 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--contact-randomization (3600 s)", ("hd60-bcg-spinkarate-cr-s0", "hd60-bcg-spinkarate-cr-s1")),
     ("--contact-randomization --torque-limit-randomization (7200 s)", ("hd120-bcg-spinkarate-crtlr-s0",
                                                                        "hd120-bcg-spinkarate-crtlr-s1")),
+    ("--contact-randomization --torque-limit-randomization --friction-range 0.2 0.8 (3600 s)",
+     ("hd60-bcg-spinkarate-crtlrfr-s0",)),
 )
 """What was tried on SpinKarate's transfer gap (saturated ankles, an ankle roll held at its stop by the clip)."""
 
