@@ -50,7 +50,7 @@ DEFAULT_VARIANTS = {
 """Each simulator's variants when ``--variants`` is not given."""
 
 
-def _scale_torque(model: Any, factor: float, joint_filter: str = "") -> None:
+def _scale_torque(model: Any, factor: float, joint_filter: str = "") -> Any:
     for j in range(model.njnt):
         if joint_filter in (mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, j) or ""):
             model.jnt_actfrcrange[j] *= factor
@@ -58,6 +58,69 @@ def _scale_torque(model: Any, factor: float, joint_filter: str = "") -> None:
         joint = mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_JOINT, model.actuator_trnid[a, 0]) or ""
         if joint_filter in joint and model.actuator_forcelimited[a]:
             model.actuator_forcerange[a] *= factor
+    return model
+
+
+def _stiff_contact(m: Any) -> Any:
+    m.geom_solref[:, 0] = 0.005
+    return m
+
+
+def _torsional_friction(m: Any) -> Any:
+    m.geom_condim[:] = 4
+    m.geom_friction[:, 1] = 0.02
+    return m
+
+
+def _elliptic_cones(m: Any) -> Any:
+    m.opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
+    return m
+
+
+def _no_joint_limits(m: Any) -> Any:
+    m.jnt_limited[:] = 0
+    return m
+
+
+def _scale_friction(m: Any, factor: float) -> Any:
+    m.geom_friction[:, 0] *= factor
+    return m
+
+
+_MUJOCO_FIXED: dict[str, Callable[[Any], Any]] = {
+    "mujoco": lambda m: m, "stiff-contact": _stiff_contact, "torsional-friction": _torsional_friction,
+    "elliptic-cones": _elliptic_cones, "no-joint-limits": _no_joint_limits}
+_MUJOCO_SCALED: dict[str, Callable[[Any, float], Any]] = {
+    "friction-x": _scale_friction, "ankle-torque-x": lambda m, f: _scale_torque(m, f, "ankle"),
+    "torque-x": _scale_torque}
+_BCG_FIXED: dict[str, Callable[[Any], Any]] = {
+    "bcg": lambda model: model, "soft-contact": lambda model: model.with_params(soft_timeconst=0.02),
+    "no-joint-limits": lambda model: model.without_joint_limits()}
+_BCG_SCALED: dict[str, Callable[[Any, float], Any]] = {
+    "friction-x": lambda model, f: model.with_params(mu=model.params.mu * f)}
+
+
+def _change(variant: str, fixed: dict[str, Callable[[Any], Any]],
+            scaled: dict[str, Callable[[Any, float], Any]], what: str) -> Callable[[Any], Any]:
+    """``change(model) -> model`` for ``variant``: a name of ``fixed``, a prefix of ``scaled`` followed by its factor,
+    or several of them joined with ``+`` (applied in order)."""
+    def single(name: str) -> Callable[[Any], Any]:
+        if name in fixed:
+            return fixed[name]
+        for prefix, apply in scaled.items():
+            if name.startswith(prefix):
+                factor = _factor(name, prefix)
+                return lambda model: apply(model, factor)
+        raise ValueError(f"unknown variant {name!r}{what}; known: {', '.join(fixed)}, "
+                         f"{', '.join(p + 'F' for p in scaled)} (joined with +)")
+
+    changes = [single(name) for name in variant.split("+")]
+
+    def joined(model: Any) -> Any:
+        for change in changes:
+            model = change(model)
+        return model
+    return joined
 
 
 def _factor(variant: str, prefix: str) -> float:
@@ -73,61 +136,13 @@ def _factor(variant: str, prefix: str) -> float:
 def bcg_change(variant: str) -> Callable[[Any], Any]:
     """``change(model) -> model``: the copy of a :class:`bcg.sim.SimModel` that ``variant`` of our simulator makes
     (``+`` joins variants); ValueError for an unknown name."""
-    parts = variant.split("+")
-    if len(parts) > 1:
-        changes = [bcg_change(p) for p in parts]
-
-        def joined(model: Any) -> Any:
-            for change in changes:
-                model = change(model)
-            return model
-        return joined
-    if variant == "bcg":
-        return lambda model: model
-    if variant == "soft-contact":
-        return lambda model: model.with_params(soft_timeconst=0.02)
-    if variant == "no-joint-limits":
-        return lambda model: model.without_joint_limits()
-    if variant.startswith("friction-x"):
-        factor = _factor(variant, "friction-x")
-        return lambda model: model.with_params(mu=model.params.mu * factor)
-    raise ValueError(f"unknown variant {variant!r} of our simulator; known: bcg, friction-xF, soft-contact, "
-                     "no-joint-limits (joined with +)")
+    return _change(variant, _BCG_FIXED, _BCG_SCALED, " of our simulator")
 
 
-def model_change(variant: str) -> Callable[[Any], None]:
-    """The change ``variant`` makes to a ``mujoco.MjModel`` (in place; ``+`` joins variants); ValueError for an
-    unknown name."""
-    parts = variant.split("+")
-    if len(parts) > 1:
-        changes = [model_change(p) for p in parts]
-
-        def joined(m: Any) -> None:
-            for change in changes:
-                change(m)
-        return joined
-    fixed: dict[str, Callable[[Any], None]] = {
-        "mujoco": lambda m: None,
-        "stiff-contact": lambda m: m.geom_solref.__setitem__((slice(None), 0), 0.005),
-        "elliptic-cones": lambda m: setattr(m.opt, "cone", mujoco.mjtCone.mjCONE_ELLIPTIC),
-        "no-joint-limits": lambda m: m.jnt_limited.__setitem__(slice(None), 0),
-    }
-    if variant in fixed:
-        return fixed[variant]
-    if variant == "torsional-friction":
-        def torsional(m: Any) -> None:
-            m.geom_condim[:] = 4
-            m.geom_friction[:, 1] = 0.02
-        return torsional
-    for prefix, apply in (("friction-x", lambda m, f: m.geom_friction.__setitem__((slice(None), 0),
-                                                                                   m.geom_friction[:, 0] * f)),
-                          ("ankle-torque-x", lambda m, f: _scale_torque(m, f, "ankle")),
-                          ("torque-x", lambda m, f: _scale_torque(m, f))):
-        if variant.startswith(prefix):
-            factor = _factor(variant, prefix)
-            return lambda m, f=factor, apply=apply: apply(m, f)
-    raise ValueError(f"unknown variant {variant!r}; known: {', '.join(DEFAULT_VARIANTS['mujoco'])}, friction-xF, "
-                     "ankle-torque-xF, torque-xF (joined with +)")
+def model_change(variant: str) -> Callable[[Any], Any]:
+    """``change(m) -> m``: the change ``variant`` makes to a ``mujoco.MjModel`` (in place; ``+`` joins variants);
+    ValueError for an unknown name."""
+    return _change(variant, _MUJOCO_FIXED, _MUJOCO_SCALED, "")
 
 
 def falls_with(policy: Any, motion: Any, options: TransferOptions, env_kwargs: dict[str, Any],

@@ -241,11 +241,11 @@ class TrainConfig:
                 and self.eval_seconds > 0):
             raise ValueError(f"eval_seconds must be a finite number > 0, got {self.eval_seconds!r}")
         fr = self.friction_range
-        if fr is not None and not (len(fr) == 2 and all(isinstance(x, numbers.Real) and math.isfinite(x) for x in fr)
-                                   and 0 < fr[0] <= fr[1]):
-            raise ValueError(f"friction_range must be two numbers LO HI with 0 < LO <= HI, got {fr!r}")
-        if fr is not None:  # a config file gives a list
-            object.__setattr__(self, "friction_range", (float(fr[0]), float(fr[1])))
+        if fr is not None:
+            if not (len(fr) == 2 and all(isinstance(x, numbers.Real) and math.isfinite(x) for x in fr)
+                    and 0 < fr[0] <= fr[1]):
+                raise ValueError(f"friction_range must be two numbers LO HI with 0 < LO <= HI, got {fr!r}")
+            object.__setattr__(self, "friction_range", (float(fr[0]), float(fr[1])))  # a config file gives a list
         for name, unit in (("action_scale", " [rad]"), ("action_scale_torque", "")):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
