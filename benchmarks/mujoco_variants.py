@@ -189,7 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     names = args.variants or list(DEFAULT_VARIANTS[args.simulator])
     for v in names:
-        (model_change if args.simulator == "mujoco" else bcg_change)(v)  # refuse a bad name before any replay
+        try:  # refuse a bad name before any replay, in one line
+            (model_change if args.simulator == "mujoco" else bcg_change)(v)
+        except ValueError as exc:
+            ap.error(str(exc))
     policy, motion, env_kwargs, _, label = load_source(args.run, args.motion)
     options = TransferOptions(phases=args.phases, seeds=tuple(args.seeds), seconds=args.seconds)
     rows = []
@@ -202,11 +205,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {v} | {row['falls']} of {row['episodes']} | {row['mean_episode_s']:.2f} | {row['e_track_cm']:.1f} | "
               f"{' '.join(map(str, row['falls_per_phase']))} |", flush=True)
     if args.out is not None:
+        replaced = args.out.exists()
         args.out.write_text(json.dumps({"policy": label, "simulator": args.simulator,
                                         "options": {"phases": args.phases, "seeds": args.seeds,
                                                     "seconds": args.seconds}, "rows": rows},
                                        indent=2) + "\n")
-        print(f"wrote {args.out}")
+        print(f"wrote {args.out}" + (" (replacing the earlier file)" if replaced else ""))
     return 0
 
 
