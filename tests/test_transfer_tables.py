@@ -1,0 +1,25 @@
+"""benchmarks/transfer_tables.py: a run's settings column names every option that sets it apart from the defaults, in
+the flags that reproduce it."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from bcg.agents.train_config import config_to_dict, default_config
+
+_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "transfer_tables.py"
+_spec = importlib.util.spec_from_file_location("transfer_tables", _PATH)
+tables = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(tables)
+
+
+def test_default_run_has_only_its_estimator() -> None:
+    assert tables.settings(config_to_dict(default_config("shac"))) == "--estimator bptt"
+
+
+def test_randomisation_flags_and_friction_range_are_named_as_typed() -> None:
+    cfg = default_config("shac", contact_randomization=True, torque_limit_randomization=True,
+                         friction_range=(0.2, 0.8))
+    assert tables.settings(config_to_dict(cfg)) == (
+        "--estimator bptt --contact-randomization --torque-limit-randomization --friction-range 0.2 0.8")
