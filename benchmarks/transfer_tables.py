@@ -180,7 +180,9 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--contact-randomization --torque-limit-randomization (7200 s)", ("hd120-bcg-spinkarate-crtlr-s0",
                                                                        "hd120-bcg-spinkarate-crtlr-s1")),
     ("--contact-randomization --torque-limit-randomization --friction-range 0.2 0.8 (3600 s)",
-     ("hd60-bcg-spinkarate-crtlrfr-s0",)),
+     ("hd60-bcg-spinkarate-crtlrfr-s0", "hd60-bcg-spinkarate-crtlrfr-s1")),
+    ("--contact-randomization --torque-limit-randomization --friction-range 0.15 0.6 (3600 s)",
+     ("hd60-bcg-spinkarate-crtlrfr15-s0",)),
 )
 """What was tried on SpinKarate's transfer gap (saturated ankles, an ankle roll held at its stop by the clip)."""
 
@@ -209,6 +211,10 @@ RANDOMIZATION: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (1200 s), default", ("def20-bcg-run-s0", "def20-bcg-run-s1")),
     ("run (1200 s), --contact-randomization --torque-limit-randomization",
      ("crtlr20-bcg-run-s0", "crtlr20-bcg-run-s1")),
+    ("fight (1200 s), --contact-randomization --torque-limit-randomization",
+     ("crtlr20-bcg-fight-s0", "crtlr20-bcg-fight-s1")),
+    ("dance (1200 s), --contact-randomization --torque-limit-randomization",
+     ("crtlr20-bcg-dance-s0", "crtlr20-bcg-dance-s1")),
 )
 """Contact and torque-limit randomisation against the default on the run clip at its default budget (the same seeds and
 code): the lever that helped SpinKarate and the jump's landings, tried where the default already stands."""
