@@ -211,10 +211,6 @@ RANDOMIZATION: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (1200 s), default", ("def20-bcg-run-s0", "def20-bcg-run-s1")),
     ("run (1200 s), --contact-randomization --torque-limit-randomization",
      ("crtlr20-bcg-run-s0", "crtlr20-bcg-run-s1")),
-    ("fight (1200 s), --contact-randomization --torque-limit-randomization",
-     ("crtlr20-bcg-fight-s0", "crtlr20-bcg-fight-s1")),
-    ("dance (1200 s), --contact-randomization --torque-limit-randomization",
-     ("crtlr20-bcg-dance-s0", "crtlr20-bcg-dance-s1")),
 )
 """Contact and torque-limit randomisation against the default on the run clip at its default budget (the same seeds and
 code): the lever that helped SpinKarate and the jump's landings, tried where the default already stands."""
