@@ -183,6 +183,7 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("hd60-bcg-spinkarate-crtlrfr-s0", "hd60-bcg-spinkarate-crtlrfr-s1")),
     ("--contact-randomization --torque-limit-randomization --friction-range 0.15 0.6 (3600 s)",
      ("hd60-bcg-spinkarate-crtlrfr15-s0",)),
+    ("--adaptive-start-credit end (3600 s)", ("hd60-bcg-spinkarate-end-s0", "hd60-bcg-spinkarate-end-s1")),
 )
 """What was tried on SpinKarate's transfer gap (saturated ankles, an ankle roll held at its stop by the clip)."""
 
