@@ -25,7 +25,8 @@ LEVERS: tuple[str, ...] = ("domain_randomization", "adaptive_start", "adaptive_s
                            "termination_anchor_height", "termination_gravity_z", "termination_end_effector_height",
                            "replay_threshold",
                            "action_scale_torque", "kappa", "soft_contact_timeconst", "contact_beta",
-                           "contact_randomization", "torque_limit_randomization", "friction_range", "reference_joint_margin")
+                           "contact_randomization", "torque_limit_randomization", "friction_range",
+                           "reference_joint_margin")
 """TrainConfig fields (or fields of its dynamics or episode layers) a run of this table may set apart from `bcg train`'s
 defaults."""
 
