@@ -186,7 +186,8 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("hd60-bcg-spinkarate-crtlrfr15-s0",)),
     ("--adaptive-start-credit end (3600 s)", ("hd60-bcg-spinkarate-end-s0", "hd60-bcg-spinkarate-end-s1")),
 )
-"""What was tried on SpinKarate's transfer gap (saturated ankles, an ankle roll held at its stop by the clip)."""
+"""What was tried on SpinKarate: its transfer gap (saturated ankles, an ankle roll held at its stop by the clip, a
+slippery pivot) and learning its kicks within the hour (where failed episodes are credited)."""
 
 
 BUNDLE_SIZE: tuple[tuple[str, tuple[str, ...]], ...] = (

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
@@ -12,6 +14,14 @@ import torch
 os.environ.setdefault("MUJOCO_GL", "egl")
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+
+
+def load_script(path: Path) -> ModuleType:
+    """A script outside the package (benchmarks/, examples/) imported as a module, named after its file."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -4,7 +4,6 @@ runnable ONNX-in-MuJoCo example (in-process against bcg's own MuJoCo replay, and
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import os
 import re
 import subprocess
@@ -15,6 +14,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import load_script
 from torch import nn
 
 import bcg  # noqa: F401  (registers the env ids)
@@ -108,9 +108,7 @@ def test_example_matches_bcg_mujoco_replay(onnx_policy):
     from bcg.evaluation.mujoco_transfer import TransferOptions, replay
 
     pol, path = onnx_policy
-    spec = importlib.util.spec_from_file_location("deploy_onnx_mujoco", EXAMPLE)
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
+    example = load_script(EXAMPLE)
     out = example.run(path, seconds=0.5, start_frame=0)  # the replay's single phase starts at frame 0
     ro = replay(pol, "jump", TransferOptions(phases=1, seeds=(0,), seconds=0.5, joint_noise=0.0),
                 simulator="mujoco", env_kwargs={"action_offset": "reference",

@@ -3,19 +3,16 @@ script replays a policy once per variant."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 from bcg.evaluation.mujoco_loop import MujocoLoop
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "mujoco_variants.py"
-_spec = importlib.util.spec_from_file_location("mujoco_variants", _PATH)
-variants = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(variants)
+variants = load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "mujoco_variants.py")
 
 FIELDS = ("geom_solref", "geom_condim", "geom_friction", "jnt_limited", "jnt_actfrcrange", "actuator_forcerange")
 

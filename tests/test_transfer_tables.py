@@ -3,15 +3,13 @@ the flags that reproduce it."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+
+from conftest import load_script
 
 from bcg.agents.train_config import config_to_dict, default_config
 
-_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "transfer_tables.py"
-_spec = importlib.util.spec_from_file_location("transfer_tables", _PATH)
-tables = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(tables)
+tables = load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "transfer_tables.py")
 
 
 def test_default_run_has_only_its_estimator() -> None:
