@@ -1,11 +1,13 @@
-"""Contact against C MuJoCo: standing (10 s), a 5 cm drop and a 0.5 m/s sideways slide, bcg at several kappa.
+"""Contact against C MuJoCo: standing (10 s), a 5 cm drop, a 0.5 m/s sideways slide and a 2 rad/s spin, bcg at
+several kappa.
 
 Runs every scenario of :mod:`bcg.evaluation.contact_scenarios` in MuJoCo (its own contacts, 5 ms) and in bcg.sim at
 each ``--kappa`` (N = 1, CPU), prints a table of the compared metrics (the quantities
-``tests/test_sim_contact_mujoco.py`` bounds) and writes one figure with the three scenarios side by side
+``tests/test_sim_contact_mujoco.py`` bounds) and writes one figure with the scenarios side by side
 (``docs/img/contact_vs_mujoco.png`` or ``--out``): pelvis height on top; below it the mean foot-sphere penetration
 (stand), the deepest sphere's penetration (drop) and the horizontal distance moved by the feet and the pelvis
-(slide); a fourth column shows the standing drift (pelvis x) and the feet's creep.
+(slide); a fourth column shows the standing drift (pelvis x) and the feet's creep, a fifth the heading turned by the
+pelvis (top) and the feet (below) in the spin.
 
 Usage::
 
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bcg.evaluation.contact_scenarios import DROP, SLIDE, STAND, ContactTrace, metrics, run_bcg, run_mujoco
+from bcg.evaluation.contact_scenarios import DROP, SLIDE, SPIN, STAND, ContactTrace, metrics, run_bcg, run_mujoco
 
 # metric -> (column header, scale to the printed unit)
 _UNITS = {"penetration": ("mm", 1e3), "pelvis_z": ("m", 1.0), "height": ("m", 1.0), "pelvis": ("mm", 1e3),
@@ -29,7 +31,9 @@ _UNITS = {"penetration": ("mm", 1e3), "pelvis_z": ("m", 1.0), "height": ("m", 1.
           "impulse": ("", 1.0)}
 
 
-def _unit(metric: str) -> tuple[str, float]:
+def _unit(metric: str, scenario: str = "") -> tuple[str, float]:
+    if scenario == SPIN.name:  # every spin metric is a heading
+        return "mrad", 1e3
     for key, unit in _UNITS.items():
         if key in metric:
             return unit
@@ -38,16 +42,16 @@ def _unit(metric: str) -> tuple[str, float]:
 
 def print_table(runs: dict[str, dict[str, ContactTrace]]) -> None:
     """One markdown table per scenario: a row per model, a column per metric (in printed units)."""
-    for scenario in (STAND.name, DROP.name, SLIDE.name):
+    for scenario in (STAND.name, DROP.name, SLIDE.name, SPIN.name):
         rows = {model: metrics(traces[scenario]) for model, traces in runs.items()}
         names = list(next(iter(rows.values())))
-        heads = [f"{n} [{_unit(n)[0]}]" if _unit(n)[0] else n for n in names]
+        heads = [f"{n} [{_unit(n, scenario)[0]}]" if _unit(n, scenario)[0] else n for n in names]
         print(f"\n{scenario}\n| model | " + " | ".join(heads) + " |")
         print("|---|" + "---|" * len(names))
         for model, row in rows.items():
             cells = []
             for n in names:
-                v = row[n] * _unit(n)[1]
+                v = row[n] * _unit(n, scenario)[1]
                 cells.append(f"{v:.4f}" if abs(v) < 10 else f"{v:.1f}")
             print(f"| {model} | " + " | ".join(cells) + " |")
 
@@ -58,7 +62,7 @@ def plot(runs: dict[str, dict[str, ContactTrace]], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 4, figsize=(18, 6.4), sharex="col")
+    fig, axes = plt.subplots(2, 5, figsize=(22, 6.4), sharex="col")
     for model, traces in runs.items():
         style = dict(color="k", lw=2.0, alpha=0.6) if model.startswith("MuJoCo") else dict(lw=1.0)
         st, dr, sl = traces[STAND.name], traces[DROP.name], traces[SLIDE.name]
@@ -74,6 +78,9 @@ def plot(runs: dict[str, dict[str, ContactTrace]], out: Path) -> None:
         # the standing drift (forward lean, signed along x) and the feet's creep
         axes[0, 3].plot(st.t, 1e3 * (st.pelvis[:, 0] - st.start_pelvis[0]), label=model, **style)
         axes[1, 3].plot(st.t, 1e3 * np.linalg.norm(st.feet[:, :2] - st.start_feet[:2], axis=1), label=model, **style)
+        sp = traces[SPIN.name]
+        axes[0, 4].plot(sp.t, 1e3 * (sp.pelvis_yaw - sp.start_pelvis_yaw), label=model, **style)
+        axes[1, 4].plot(sp.t, 1e3 * (sp.feet_yaw - sp.start_feet_yaw), label=model, **style)
     axes[0, 0].set(title=f"stand ({STAND.seconds:g} s, PD at the default pose)", ylabel="pelvis height [m]")
     axes[1, 0].set(xlabel="time [s]", ylabel="mean sphere penetration [mm]")
     axes[0, 1].set(title=f"drop from {100 * DROP.height:g} cm", ylabel="pelvis height [m]")
@@ -83,6 +90,8 @@ def plot(runs: dict[str, dict[str, ContactTrace]], out: Path) -> None:
     axes[1, 2].set(xlabel="time [s]", ylabel="horizontal distance [mm]\n(solid feet, dashed pelvis)")
     axes[0, 3].set(title="stand: drift", ylabel="pelvis x - start [mm] (+ forward)")
     axes[1, 3].set(xlabel="time [s]", ylabel="feet horizontal distance from start [mm]")
+    axes[0, 4].set(title=f"spin, {SPIN.yaw_rate:g} rad/s about the vertical", ylabel="pelvis heading turned [mrad]")
+    axes[1, 4].set(xlabel="time [s]", ylabel="feet heading turned [mrad]")
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8)
@@ -99,7 +108,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/img/contact_vs_mujoco.png"))
     args = parser.parse_args(argv)
 
-    scenarios = (replace(STAND, seconds=args.stand_seconds), DROP, SLIDE)
+    scenarios = (replace(STAND, seconds=args.stand_seconds), DROP, SLIDE, SPIN)
     runs = {"MuJoCo (5 ms)": {s.name: run_mujoco(s) for s in scenarios}}
     for kappa in args.kappa:
         runs[f"bcg kappa {kappa:g}"] = {s.name: run_bcg(s, kappa=kappa) for s in scenarios}

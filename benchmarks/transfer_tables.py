@@ -185,6 +185,8 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--contact-randomization --torque-limit-randomization --friction-range 0.15 0.6 (3600 s)",
      ("hd60-bcg-spinkarate-crtlrfr15-s0",)),
     ("--adaptive-start-credit end (3600 s)", ("hd60-bcg-spinkarate-end-s0", "hd60-bcg-spinkarate-end-s1")),
+    ("--adaptive-start-credit end --contact-randomization --torque-limit-randomization (3600 s)",
+     ("hd60-bcg-spinkarate-endcrtlr-s0", "hd60-bcg-spinkarate-endcrtlr-s1")),
 )
 """What was tried on SpinKarate: its transfer gap (saturated ankles, an ankle roll held at its stop by the clip, a
 slippery pivot) and learning its kicks within the hour (where failed episodes are credited)."""
@@ -214,9 +216,15 @@ RANDOMIZATION: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (1200 s), default", ("def20-bcg-run-s0", "def20-bcg-run-s1")),
     ("run (1200 s), --contact-randomization --torque-limit-randomization",
      ("crtlr20-bcg-run-s0", "crtlr20-bcg-run-s1")),
+    ("fight (1200 s), default", ("def20-bcg-fight-new-s0", "def20-bcg-fight-fix-s1", "def20-bcg-fight-s2")),
+    ("fight (1200 s), --contact-randomization --torque-limit-randomization",
+     ("crtlr20-bcg-fight-s0", "crtlr20-bcg-fight-s1")),
+    ("dance (1200 s), default", ("def20-bcg-dance-new-s0", "def20-bcg-dance-fix-s1", "def20-bcg-dance-s2")),
+    ("dance (1200 s), --contact-randomization --torque-limit-randomization",
+     ("crtlr20-bcg-dance-s0", "crtlr20-bcg-dance-s1")),
 )
-"""Contact and torque-limit randomisation against the default on the run clip at its default budget (the same seeds and
-code): the lever that helped SpinKarate and the jump's landings, tried where the default already stands."""
+"""Contact and torque-limit randomisation against the default on the run, fight and dance clips at their default budget
+(the same code): the lever that helped SpinKarate and the jump's landings, tried where the default already stands."""
 
 
 def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: str,

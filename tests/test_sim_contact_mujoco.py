@@ -1,5 +1,5 @@
-"""Contact against an independent reference: standing, a drop onto the feet and a sideways slide, in bcg.sim and in
-C MuJoCo from the same state with the same PD targets (:mod:`bcg.evaluation.contact_scenarios`).
+"""Contact against an independent reference: standing, a drop onto the feet, a sideways slide and a spin, in bcg.sim
+and in C MuJoCo from the same state with the same PD targets (:mod:`bcg.evaluation.contact_scenarios`).
 
 Every tolerance of this file is in the block below, next to the values measured when it was set, so that a change
 of the contact code re-tunes them in one place. ``python benchmarks/contact_vs_mujoco.py`` prints the same metrics.
@@ -30,6 +30,14 @@ CLOSE_TO_MUJOCO: dict[tuple[str, str], float] = {
     ("slide", "pelvis_0.1"): 1.0e-3,  # 46.9 vs 47.2 mm: -0.3 mm (-0.2 mm)
     ("slide", "pelvis_0.2"): 1.0e-3,  # 79.2 vs 79.7 mm: -0.5 mm (-0.3 mm)
     ("slide", "pelvis_0.5"): 1.5e-3,  # 133.2 vs 134.3 mm: -1.1 mm (+0.8 mm)
+    # the spin (rad): ours turns further before friction stops it, then springs back to MuJoCo's heading (the
+    # friction rows are weighted by the activation sigmoid(kappa d), 0.54 at the resting depth; docs/simulator.md)
+    ("spin", "feet_0.1"): 12e-3,  # 43.8 vs 33.7 mrad: +10.1 mrad
+    ("spin", "feet_0.2"): 21e-3,  # 54.4 vs 36.0 mrad: +18.4 mrad
+    ("spin", "feet_0.5"): 1.5e-3,  # 35.2 vs 34.9 mrad: +0.3 mrad
+    ("spin", "pelvis_0.1"): 11e-3,  # 56.0 vs 47.1 mrad: +9.0 mrad
+    ("spin", "pelvis_0.2"): 20e-3,  # 56.7 vs 39.6 mrad: +17.1 mrad
+    ("spin", "pelvis_0.5"): 4e-3,  # 35.8 vs 38.8 mrad: -2.9 mrad
 }
 
 UPRIGHT_HEIGHT = 0.75
@@ -52,6 +60,14 @@ it would be 250 mm."""
 SLIDE_REST = 1e-3
 """Distance the feet move in the last 0.1 s (0.9-1.0 s) of the slide, both simulators [m]: measured 0.33 mm
 (MuJoCo 0.07 mm): the feet have come to rest."""
+
+SPIN_FEET_05 = 0.1
+"""Heading the feet have turned 0.5 s into the spin, both simulators [rad]: measured 35 mrad; without friction they
+would turn with the robot, 1 rad."""
+
+SPIN_REST = 2e-3
+"""Heading change of the feet in the last 0.1 s (0.9-1.0 s) of the spin, both simulators [rad]: measured -0.51 mrad
+(ours, still springing back) and -0.24 mrad (MuJoCo); 10.6 / 2.3 mrad from 0.1 to 0.2 s."""
 # ---------------------------------------------------------------------------------------------------------------
 
 
@@ -113,8 +129,21 @@ def test_scenarios_reject_bad_values_and_unknown_metrics(traces):
         Scenario("x", 1.0, velocity=(0.0, float("nan"), 0.0))
     with pytest.raises(ValueError, match="Scenario.seconds must be a finite value > 0"):
         Scenario("x", 0.0)
+    with pytest.raises(ValueError, match="Scenario.yaw_rate must be a finite value"):
+        Scenario("x", 1.0, yaw_rate=float("inf"))
     q, qd = DROP.initial_state()
     assert q[2] == pytest.approx(DROP.height + g1.DEFAULT_BASE_HEIGHT) and not qd.any()
     assert replace(DROP, velocity=(0.0, 0.0, -1.0)).initial_state()[1][2] == -1.0
+    assert replace(DROP, yaw_rate=2.0).initial_state()[1][3:6].tolist() == [0.0, 0.0, 2.0]
     with pytest.raises(ValueError, match="metrics are defined for the scenarios"):
         metrics(replace(traces["drop", "bcg"], name="jump"))
+
+
+def test_spin_is_stopped_by_friction(traces):
+    """The spin metrics are only meaningful if friction turns the feet less than the robot's spin would, and the feet
+    must come to rest afterwards."""
+    for sim in ("bcg", "mujoco"):
+        tr = traces["spin", sim]
+        assert abs(tr.turned(0.5)) < SPIN_FEET_05, sim
+        late = tr.turned(1.0) - tr.turned(0.9)
+        assert abs(late) < SPIN_REST, (sim, late)

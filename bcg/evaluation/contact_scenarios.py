@@ -1,6 +1,7 @@
 """Contact scenarios run in the bcg simulator and in C MuJoCo from the same initial state with the same PD targets
-held: standing, a drop onto the feet, and a sideways slide. The traces and metrics serve both the tests
-(``tests/test_sim_contact_mujoco.py``, ``tests/test_sim_contact.py``) and ``benchmarks/contact_vs_mujoco.py``.
+held: standing, a drop onto the feet, a sideways slide and a spin about the vertical. The traces and metrics serve
+both the tests (``tests/test_sim_contact_mujoco.py``, ``tests/test_sim_contact.py``) and
+``benchmarks/contact_vs_mujoco.py``.
 
 Both simulators are sampled at every 5 ms physics step, and every geometric quantity (pelvis and foot positions,
 sphere penetrations) is computed from the recorded ``qpos`` with MuJoCo's own forward kinematics
@@ -25,6 +26,7 @@ __all__ = [
     "DROP",
     "SCENARIOS",
     "SLIDE",
+    "SPIN",
     "STAND",
     "ContactTrace",
     "Scenario",
@@ -49,6 +51,9 @@ class Scenario:
     """Added to the default base height [m]: the lowest foot sphere starts this far above the ground."""
     velocity: tuple[float, float, float] = (0.0, 0.0, 0.0)
     """Initial root linear velocity, world frame [m/s]; the hinges start at rest, so every body moves with it."""
+    yaw_rate: float = 0.0
+    """Initial root angular velocity about the vertical [rad/s] (the pelvis starts upright, so its local z axis is the
+    world's); the whole robot turns with it about the pelvis, the feet sliding on an arc."""
 
     def __post_init__(self) -> None:
         if not (self.seconds > 0 and np.isfinite(self.seconds)):
@@ -57,15 +62,19 @@ class Scenario:
             raise ValueError(f"Scenario.height must be a finite value >= 0 [m], got {self.height!r}")
         if len(self.velocity) != 3 or not np.all(np.isfinite(self.velocity)):
             raise ValueError(f"Scenario.velocity must be three finite values [m/s], got {self.velocity!r}")
+        if not np.isfinite(self.yaw_rate):
+            raise ValueError(f"Scenario.yaw_rate must be a finite value [rad/s], got {self.yaw_rate!r}")
 
     def initial_state(self) -> tuple[np.ndarray, np.ndarray]:
-        """(qpos [36], qvel [35]) float64 in MuJoCo's layout: the default standing pose, raised and moving."""
+        """(qpos [36], qvel [35]) float64 in MuJoCo's layout: the default standing pose, raised, moving and
+        turning."""
         from bcg.robots import g1
 
         q = g1.default_qpos()
         q[2] += self.height
         qd = np.zeros(q.shape[0] - 1)
         qd[:3] = self.velocity
+        qd[5] = self.yaw_rate
         return q, qd
 
 
@@ -75,7 +84,11 @@ DROP = Scenario("drop", 1.5, height=0.05)
 """Released with the feet 5 cm above the ground: touch-down after 0.10 s at 0.99 m/s."""
 SLIDE = Scenario("slide", 1.0, velocity=(0.0, 0.5, 0.0))
 """Standing, the whole robot given 0.5 m/s to its left (+y): friction stops the feet within about 0.1 s."""
-SCENARIOS: tuple[Scenario, ...] = (STAND, DROP, SLIDE)
+SPIN = Scenario("spin", 1.0, yaw_rate=2.0)
+"""Standing, the whole robot turned at 2 rad/s about the vertical through the pelvis: the feet, 0.12 m either side of
+it, slide on an arc until friction, resisting the turn as a pair and each foot's own pivot, stops them (the loaded
+foot turning under the torque of a spin, as in a kick)."""
+SCENARIOS: tuple[Scenario, ...] = (STAND, DROP, SLIDE, SPIN)
 
 
 def _kinematics_model() -> tuple[mujoco.MjModel, np.ndarray, np.ndarray, int]:
@@ -99,7 +112,8 @@ class ContactTrace:
 
     ``pelvis`` [T, 3] and ``feet`` [T, 3] (mean of the two foot bodies' origins) are world positions [m];
     ``penetration`` [T, nc] is radius - centre height of every foot sphere [m] (positive when penetrating);
-    ``impulse`` [T] the summed normal contact impulse of each step [N s]; ``start_*`` the same at t = 0.
+    ``impulse`` [T] the summed normal contact impulse of each step [N s]; ``feet_yaw`` [T] (mean of the two foot
+    bodies') and ``pelvis_yaw`` [T] are heading angles [rad], unwrapped over time; ``start_*`` the same at t = 0.
     """
 
     name: str
@@ -113,6 +127,10 @@ class ContactTrace:
     start_feet: np.ndarray
     weight: float
     """m g [N]."""
+    feet_yaw: np.ndarray
+    pelvis_yaw: np.ndarray
+    start_feet_yaw: float
+    start_pelvis_yaw: float
 
     @classmethod
     def from_qpos(cls, name: str, q0: np.ndarray, qpos: np.ndarray, impulse: np.ndarray) -> ContactTrace:
@@ -123,16 +141,21 @@ class ContactTrace:
         d = mujoco.MjData(m)
         qs = np.concatenate([q0[None], qpos]).astype(np.float64)
         pel, foot, pen = np.empty((len(qs), 3)), np.empty((len(qs), 3)), np.empty((len(qs), len(spheres)))
+        yaw = np.empty((len(qs), 3))  # the two feet's and the pelvis's heading
         for k, q in enumerate(qs):
             d.qpos[:] = q
             mujoco.mj_kinematics(m, d)
             pel[k] = d.xpos[pelvis]
             foot[k] = d.xpos[feet].mean(0)
             pen[k] = m.geom_size[spheres, 0] - d.geom_xpos[spheres, 2]
+            R = d.xmat[[*feet, pelvis]].reshape(-1, 3, 3)
+            yaw[k] = np.arctan2(R[:, 1, 0], R[:, 0, 0])
+        yaw = np.unwrap(yaw, axis=0)
+        feet_yaw, pelvis_yaw = yaw[:, :2].mean(1), yaw[:, 2]
         weight = float(np.sum(m.body_mass)) * abs(float(m.opt.gravity[2]))
         t = np.arange(1, len(qpos) + 1) * DT
         return cls(name, t, qs[1:], pel[1:], foot[1:], pen[1:], np.asarray(impulse, dtype=np.float64), pel[0],
-                   foot[0], weight)
+                   foot[0], weight, feet_yaw[1:], pelvis_yaw[1:], float(feet_yaw[0]), float(pelvis_yaw[0]))
 
     # --- metrics -------------------------------------------------------------------------------------------------
     def _window(self, t0: float, t1: float | None) -> np.ndarray:
@@ -168,6 +191,11 @@ class ContactTrace:
         now, start = (self.feet, self.start_feet) if of == "feet" else (self.pelvis, self.start_pelvis)
         return float(np.linalg.norm(now[self.at(t), :2] - start[:2]))
 
+    def turned(self, t: float, of: str = "feet") -> float:
+        """Heading change [rad] of the ``feet`` (mean of the two foot bodies) or the ``pelvis`` from t = 0 to ``t``."""
+        now, start = (self.feet_yaw, self.start_feet_yaw) if of == "feet" else (self.pelvis_yaw, self.start_pelvis_yaw)
+        return float(now[self.at(t)] - start)
+
     def creep_rate(self, t0: float = 1.0) -> float:
         """Mean horizontal speed of the feet from ``t0`` to the end [m/s] (the foot slip over time)."""
         i = self.at(t0)
@@ -195,7 +223,8 @@ def metrics(trace: ContactTrace) -> dict[str, float]:
       after 1 s), ``impulse_over_weight`` (last second);
     * drop: ``peak_penetration``, ``settled_height`` (mean pelvis height of the last 0.5 s), ``settling_time``
       (to 2 mm of it), ``lowest_pelvis_z``;
-    * slide: ``feet_<t>`` and ``pelvis_<t>``, the horizontal distance moved by t = 0.1, 0.2, 0.5 s.
+    * slide: ``feet_<t>`` and ``pelvis_<t>``, the horizontal distance moved by t = 0.1, 0.2, 0.5 s;
+    * spin: ``feet_<t>`` and ``pelvis_<t>``, the heading turned [rad] by t = 0.1, 0.2, 0.5 s.
     """
     if trace.name == "stand":
         half = 0.5 * float(trace.t[-1])
@@ -219,7 +248,11 @@ def metrics(trace: ContactTrace) -> dict[str, float]:
         out = {f"feet_{t:g}": trace.horizontal_displacement(t, "feet") for t in SLIDE_TIMES}
         out.update({f"pelvis_{t:g}": trace.horizontal_displacement(t, "pelvis") for t in SLIDE_TIMES})
         return out
-    raise ValueError(f"metrics are defined for the scenarios 'stand', 'drop' and 'slide', got {trace.name!r}")
+    if trace.name == "spin":
+        out = {f"feet_{t:g}": trace.turned(t, "feet") for t in SLIDE_TIMES}
+        out.update({f"pelvis_{t:g}": trace.turned(t, "pelvis") for t in SLIDE_TIMES})
+        return out
+    raise ValueError(f"metrics are defined for the scenarios 'stand', 'drop', 'slide' and 'spin', got {trace.name!r}")
 
 
 def run_bcg(scenario: Scenario, **params: float) -> ContactTrace:
