@@ -42,16 +42,16 @@ def _unit(metric: str, scenario: str = "") -> tuple[str, float]:
 
 def print_table(runs: dict[str, dict[str, ContactTrace]]) -> None:
     """One markdown table per scenario: a row per model, a column per metric (in printed units)."""
-    for scenario in (STAND.name, DROP.name, SLIDE.name, SPIN.name):
+    for scenario in next(iter(runs.values())):
         rows = {model: metrics(traces[scenario]) for model, traces in runs.items()}
-        names = list(next(iter(rows.values())))
-        heads = [f"{n} [{_unit(n, scenario)[0]}]" if _unit(n, scenario)[0] else n for n in names]
+        units = {n: _unit(n, scenario) for n in next(iter(rows.values()))}
+        heads = [f"{n} [{unit}]" if unit else n for n, (unit, _) in units.items()]
         print(f"\n{scenario}\n| model | " + " | ".join(heads) + " |")
-        print("|---|" + "---|" * len(names))
+        print("|---|" + "---|" * len(units))
         for model, row in rows.items():
             cells = []
-            for n in names:
-                v = row[n] * _unit(n, scenario)[1]
+            for n, (_, scale) in units.items():
+                v = row[n] * scale
                 cells.append(f"{v:.4f}" if abs(v) < 10 else f"{v:.1f}")
             print(f"| {model} | " + " | ".join(cells) + " |")
 

@@ -133,19 +133,27 @@ METHODS_JUMP: tuple[tuple[str, tuple[str, ...]], ...] = (
 variant, seed 2 as the third seeds)."""
 
 
+RUN_DEFAULT_1200 = ("def20-bcg-run-s0", "def20-bcg-run-s1")
+"""The run clip with `bcg train`'s default for 1200 s at today's code, seeds 0 and 1: the baseline of several tables."""
+FIGHT_DEFAULT_1200 = ("def20-bcg-fight-new-s0", "def20-bcg-fight-fix-s1", "def20-bcg-fight-s2")
+"""The fight with `bcg train`'s default for 1200 s, seeds 0-2 (1 and 2 after the bundle-gradient correction)."""
+DANCE_DEFAULT_1200 = ("def20-bcg-dance-new-s0", "def20-bcg-dance-fix-s1", "def20-bcg-dance-s2")
+"""The dance with `bcg train`'s default for 1200 s, seeds 0-2 (1 and 2 after the bundle-gradient correction)."""
+
+
 DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (1200 s; seed 1 trained after the bundle-gradient correction)",
      ("def20-bcg-run-credit-s0", "def20-bcg-run-credit-s1")),
-    ("run (1200 s), retrained with today's code", ("def20-bcg-run-s0", "def20-bcg-run-s1")),
+    ("run (1200 s), retrained with today's code", RUN_DEFAULT_1200),
     ("run (1200 s), earlier default: --adaptive-start-credit end", ("ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bcg-run-s2")),
     ("run (3600 s), earlier default", ("def60-bcg-run-s0", "def60-bcg-run-s1")),
     ("jump (3600 s)", ("def60-bcg-jump-credit-s0", "def60-bcg-jump-credit-s1")),
     ("jump (3600 s), earlier default", ("def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bcg-jump-s2")),
     ("fight (1200 s; seeds 1 and 2 trained after the bundle-gradient correction)",
-     ("def20-bcg-fight-new-s0", "def20-bcg-fight-fix-s1", "def20-bcg-fight-s2")),
+     FIGHT_DEFAULT_1200),
     ("fight (1200 s), earlier default", ("def-bcg-fight-s0", "def-bcg-fight-s1")),
     ("dance (1200 s; seeds 1 and 2 trained after the bundle-gradient correction)",
-     ("def20-bcg-dance-new-s0", "def20-bcg-dance-fix-s1", "def20-bcg-dance-s2")),
+     DANCE_DEFAULT_1200),
     ("dance (1200 s), earlier default", ("def-bcg-dance-s0", "def-bcg-dance-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s)", ("def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s), earlier default", ("def60-bcg-jazzwalk-s0", "def60-bcg-jazzwalk-s1")),
@@ -193,7 +201,7 @@ slippery pivot) and learning its kicks within the hour (where failed episodes ar
 
 
 BUNDLE_SIZE: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("run (1200 s), B = 10", ("def20-bcg-run-s0", "def20-bcg-run-s1")),
+    ("run (1200 s), B = 10", RUN_DEFAULT_1200),
     ("run (1200 s), sized 2 ... 10", ("def20-bcgsized-run-s0", "def20-bcgsized-run-s1")),
     ("jump (3600 s, --adaptive-start-credit end), seed 2, B = 10", ("def60-bcg-jump-s2",)),
     ("jump (3600 s, --adaptive-start-credit end), seed 2, sized 2 ... 10", ("def60-bcgsized-jump-s2",)),
@@ -203,7 +211,7 @@ BUNDLE_SIZE: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 WINDOW_SIZE: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("16 x 16 (cpu-small)", ("def20-bcg-run-s0", "def20-bcg-run-s1")),
+    ("16 x 16 (cpu-small)", RUN_DEFAULT_1200),
     ("32 x 16", ("nh32x16-bcg-run-s0", "nh32x16-bcg-run-s1")),
     ("16 x 32", ("nh16x32-bcg-run-s0", "nh16x32-bcg-run-s1")),
     ("32 x 32", ("nh32x32-bcg-run-s0", "nh32x32-bcg-run-s1")),
@@ -213,7 +221,7 @@ default otherwise."""
 
 
 RANDOMIZATION: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("run (1200 s), default", ("def20-bcg-run-s0", "def20-bcg-run-s1")),
+    ("run (1200 s), default", RUN_DEFAULT_1200),
     ("run (1200 s), --contact-randomization --torque-limit-randomization",
      ("crtlr20-bcg-run-s0", "crtlr20-bcg-run-s1")),
 )
@@ -228,19 +236,20 @@ CANDIDATE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("B_SpinKarate (3600 s), default", ("hd60-bcg-spinkarate-s0",)),
     (f"B_SpinKarate (3600 s), {CANDIDATE_FLAGS}", ("hd60-bcg-spinkarate-endcrtlr-s0",
                                                    "hd60-bcg-spinkarate-endcrtlr-s1")),
-    ("run (1200 s), default", ("def20-bcg-run-s0", "def20-bcg-run-s1")),
+    ("run (1200 s), default", RUN_DEFAULT_1200),
     (f"run (700 s: fewer iterations than the default's 1200 s on the slower machine), {CANDIDATE_FLAGS}",
      ("endcrtlr12-bcg-run-s0", "endcrtlr12-bcg-run-s1")),
-    ("fight (1200 s), default", ("def20-bcg-fight-new-s0", "def20-bcg-fight-fix-s1", "def20-bcg-fight-s2")),
+    ("fight (1200 s), default", FIGHT_DEFAULT_1200),
     (f"fight (1200 s), {CANDIDATE_FLAGS}", ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")),
     (f"fight (700 s: the iterations of 1200 s on the slower machine), {CANDIDATE_FLAGS}",
      ("endcrtlr12-bcg-fight-s0", "endcrtlr12-bcg-fight-s1")),
-    ("dance (1200 s), default", ("def20-bcg-dance-new-s0", "def20-bcg-dance-fix-s1", "def20-bcg-dance-s2")),
+    ("dance (1200 s), default", DANCE_DEFAULT_1200),
     (f"dance (1200 s), {CANDIDATE_FLAGS}", ("endcrtlr20-bcg-dance-s0", "endcrtlr20-bcg-dance-s1")),
 )
 """The candidate default beside today's default: SpinKarate, where it was found, and the run, fight and dance clips at
 their default budget or its iterations. Iterations per seed are shown because the runs with the candidate's flags ran
-on a machine that completes about 1.7x the iterations per hour of the one the default rows ran on."""
+on a machine that completes 1.3-1.8x the iterations per hour of the one the default rows ran on (1.7-1.8x on SpinKarate
+and the fight, 1.3-1.5x on the run)."""
 
 
 def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: str,
