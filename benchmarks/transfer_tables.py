@@ -108,13 +108,14 @@ def table(root: Path) -> str:
 
 
 ABLATION: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("`bcg train` default (all layers, schedule over the budget)", ("ts-bcg-run-s0", "ts-bcg-run-s1")),
+    ("`bcg train` default of the time (all layers, schedule over the budget)", ("ts-bcg-run-s0", "ts-bcg-run-s1")),
     ("schedule over 500 iterations (the rest on)", ("drlay-bcg-run-s0", "drlay-bcg-run-s1")),
     ("no domain randomisation", ("ts-nodr-bcg-run-s0",)),
     ("no adaptive start states", ("ts-noadapt-bcg-run-s0",)),
     ("no deviation terminations", ("ts-noterm-bcg-run-s0",)),
 )
-"""The ablation on the run clip (SHAC+BCG, 1200 s): each lever off, the rest on."""
+"""The ablation on the run clip (SHAC+BCG, 1200 s): each lever off, the rest on (the default of the time: failures
+credited where their episode ended, neither the ground nor the torque limits randomised)."""
 
 METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SHAC+BCG", ("ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bcg-run-s2")),
@@ -134,39 +135,53 @@ variant, seed 2 as the third seeds)."""
 
 
 RUN_DEFAULT_1200 = ("def20-bcg-run-s0", "def20-bcg-run-s1")
-"""The run clip with `bcg train`'s default for 1200 s at today's code, seeds 0 and 1: the baseline of several tables."""
+"""The run clip with the previous default (`--adaptive-start-credit start`, no ground or torque-limit randomisation)
+for 1200 s, seeds 0 and 1: the baseline of several tables."""
 FIGHT_DEFAULT_1200 = ("def20-bcg-fight-new-s0", "def20-bcg-fight-fix-s1", "def20-bcg-fight-s2")
-"""The fight with `bcg train`'s default for 1200 s, seeds 0-2 (1 and 2 after the bundle-gradient correction)."""
+"""The fight with the previous default for 1200 s, seeds 0-2 (1 and 2 after the bundle-gradient correction)."""
 DANCE_DEFAULT_1200 = ("def20-bcg-dance-new-s0", "def20-bcg-dance-fix-s1", "def20-bcg-dance-s2")
-"""The dance with `bcg train`'s default for 1200 s, seeds 0-2 (1 and 2 after the bundle-gradient correction)."""
+"""The dance with the previous default for 1200 s, seeds 0-2 (1 and 2 after the bundle-gradient correction)."""
 
+
+DEFAULT_SPINKARATE_3600 = ("hd60-bcg-spinkarate-endcrtlr-s0", "hd60-bcg-spinkarate-endcrtlr-s1")
+"""SpinKarate with today's default for 3600 s, seeds 0 and 1 (trained with its three flags before they were the
+default, on the machine that runs 1.7x the iterations per hour)."""
 
 DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("run (1200 s; seed 1 trained after the bundle-gradient correction)",
-     ("def20-bcg-run-credit-s0", "def20-bcg-run-credit-s1")),
-    ("run (1200 s), retrained with today's code", RUN_DEFAULT_1200),
-    ("run (1200 s), earlier default: --adaptive-start-credit end", ("ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bcg-run-s2")),
+    ("run (700 s)", ("endcrtlr12-bcg-run-s0", "endcrtlr12-bcg-run-s1")),
+    ("run (1200 s), previous default", ("def20-bcg-run-credit-s0", "def20-bcg-run-credit-s1")),
+    ("run (1200 s), previous default, retrained with the code of its time", RUN_DEFAULT_1200),
+    ("run (1200 s), earlier default", ("ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bcg-run-s2")),
     ("run (3600 s), earlier default", ("def60-bcg-run-s0", "def60-bcg-run-s1")),
-    ("jump (3600 s)", ("def60-bcg-jump-credit-s0", "def60-bcg-jump-credit-s1")),
+    ("jump (3600 s)", ("endcrtlr60-bcg-jump-s0", "endcrtlr60-bcg-jump-s1")),
+    ("jump (3600 s), previous default", ("def60-bcg-jump-credit-s0", "def60-bcg-jump-credit-s1")),
     ("jump (3600 s), earlier default", ("def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bcg-jump-s2")),
-    ("fight (1200 s; seeds 1 and 2 trained after the bundle-gradient correction)",
-     FIGHT_DEFAULT_1200),
+    ("fight (1200 s)", ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")),
+    ("fight (700 s)", ("endcrtlr12-bcg-fight-s0", "endcrtlr12-bcg-fight-s1")),
+    ("fight (1200 s), previous default", FIGHT_DEFAULT_1200),
     ("fight (1200 s), earlier default", ("def-bcg-fight-s0", "def-bcg-fight-s1")),
-    ("dance (1200 s; seeds 1 and 2 trained after the bundle-gradient correction)",
-     DANCE_DEFAULT_1200),
+    ("dance (1200 s)", ("endcrtlr20-bcg-dance-s0", "endcrtlr20-bcg-dance-s1")),
+    ("dance (1200 s), previous default", DANCE_DEFAULT_1200),
     ("dance (1200 s), earlier default", ("def-bcg-dance-s0", "def-bcg-dance-s1")),
-    ("J_ShortDance16_JazzWalk, G1 Moves (3600 s)", ("def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")),
+    ("J_ShortDance16_JazzWalk, G1 Moves (3600 s)", ("endcrtlr60-bcg-jazzwalk-s0", "endcrtlr60-bcg-jazzwalk-s1")),
+    ("J_ShortDance16_JazzWalk, G1 Moves (3600 s), previous default",
+     ("def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s), earlier default", ("def60-bcg-jazzwalk-s0", "def60-bcg-jazzwalk-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (1200 s), earlier default", ("ts-bcg-jazzwalk-s0",)),
-    ("M_ShortMove14, G1 Moves, 6.5 s, not tuned on (3600 s)",
+    ("M_ShortMove14, G1 Moves, 6.5 s, not tuned on (3600 s), previous default",
      ("def60-bcg-shortmove14-s0", "def60-bcg-shortmove14-s1")),
-    ("B_HandsUp, G1 Moves, 7.4 s, not tuned on (3600 s)", ("def60-bcg-handsup-s0", "def60-bcg-handsup-s1")),
-    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s)", ("def60-bcg-spinkarate-credit-s0", "def60-bcg-spinkarate-credit-s1")),
-    ("B_SpinKarate, G1 Moves, 25.6 s (7200 s: seed 0 continued)", ("def120-bcg-spinkarate-credit-s0",)),
+    ("B_HandsUp, G1 Moves, 7.4 s, not tuned on (3600 s), previous default",
+     ("def60-bcg-handsup-s0", "def60-bcg-handsup-s1")),
+    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s)", DEFAULT_SPINKARATE_3600),
+    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s), previous default",
+     ("def60-bcg-spinkarate-credit-s0", "def60-bcg-spinkarate-credit-s1")),
+    ("B_SpinKarate, G1 Moves, 25.6 s (7200 s: seed 0 continued), previous default",
+     ("def120-bcg-spinkarate-credit-s0",)),
 )
-"""`bcg train --motion CLIP --estimator bcg --max-time-s T` with no other flag, per clip: today's default (a failure
-credited to the start of its episode) and the earlier default (`--adaptive-start-credit end`, otherwise the same);
-the seeds kept so far (a group is printed with the seeds it has)."""
+"""`bcg train --motion CLIP --estimator bcg --max-time-s T` with no other flag, per clip: today's default (failures
+credited where their episode ended, the ground and the torque limits randomised), the previous default (failures
+credited to the start of their episode, neither randomisation) and the earlier one (credited where the episode ended,
+neither randomisation); the seeds kept so far (a group is printed with the seeds it has)."""
 
 JUMP_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("stay-up layers, schedule over about 2000 iterations (1500 s)", ("drlay2k-bcg-jump-s0", "drlay2k-bcg-jump-s1")),
@@ -180,9 +195,9 @@ JUMP_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("default (3600 s), before the bundle-gradient correction", ("def60-bcg-spinkarate-credit-s0",
+    ("previous default (3600 s), before the bundle-gradient correction", ("def60-bcg-spinkarate-credit-s0",
                                                                    "def60-bcg-spinkarate-credit-s1")),
-    ("default (3600 s)", ("hd60-bcg-spinkarate-s0",)),
+    ("previous default (3600 s)", ("hd60-bcg-spinkarate-s0",)),
     ("--torque-limit-randomization (3600 s)", ("hd60-bcg-spinkarate-tlr-s0",)),
     ("--reference-joint-margin 0.05 (3600 s)", ("hd60-bcg-spinkarate-m05-s0", "hd60-bcg-spinkarate-m05-s1")),
     ("--contact-randomization (3600 s)", ("hd60-bcg-spinkarate-cr-s0", "hd60-bcg-spinkarate-cr-s1")),
@@ -193,18 +208,19 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--contact-randomization --torque-limit-randomization --friction-range 0.15 0.6 (3600 s)",
      ("hd60-bcg-spinkarate-crtlrfr15-s0",)),
     ("--adaptive-start-credit end (3600 s)", ("hd60-bcg-spinkarate-end-s0", "hd60-bcg-spinkarate-end-s1")),
-    ("--adaptive-start-credit end --contact-randomization --torque-limit-randomization (3600 s)",
-     ("hd60-bcg-spinkarate-endcrtlr-s0", "hd60-bcg-spinkarate-endcrtlr-s1")),
+    ("--adaptive-start-credit end --contact-randomization --torque-limit-randomization (3600 s): today's default",
+     DEFAULT_SPINKARATE_3600),
 )
 """What was tried on SpinKarate: its transfer gap (saturated ankles, an ankle roll held at its stop by the clip, a
-slippery pivot) and learning its kicks within the hour (where failed episodes are credited)."""
+slippery pivot) and learning its kicks within the hour (where failed episodes are credited); flags on top of the
+previous default (failures credited to the start of their episode, neither randomisation)."""
 
 
 BUNDLE_SIZE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (1200 s), B = 10", RUN_DEFAULT_1200),
     ("run (1200 s), sized 2 ... 10", ("def20-bcgsized-run-s0", "def20-bcgsized-run-s1")),
-    ("jump (3600 s, --adaptive-start-credit end), seed 2, B = 10", ("def60-bcg-jump-s2",)),
-    ("jump (3600 s, --adaptive-start-credit end), seed 2, sized 2 ... 10", ("def60-bcgsized-jump-s2",)),
+    ("jump (3600 s, earlier default), seed 2, B = 10", ("def60-bcg-jump-s2",)),
+    ("jump (3600 s, earlier default), seed 2, sized 2 ... 10", ("def60-bcgsized-jump-s2",)),
 )
 """SHAC+BCG with fixed bundles (`bcg`, B = 10) against bundles sized from the force
 (`bcg:size=sensitivity,min_branches=2`), each pair with the same seed, code and settings, trained side by side."""
@@ -217,39 +233,41 @@ WINDOW_SIZE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("32 x 32", ("nh32x32-bcg-run-s0", "nh32x32-bcg-run-s1")),
 )
 """SHAC+BCG on the run clip, 1200 s, at four window sizes (--shac.num-envs x --shac.horizon), two seeds each, the
-default otherwise."""
+previous default otherwise."""
 
 
 RANDOMIZATION: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("run (1200 s), default", RUN_DEFAULT_1200),
-    ("run (1200 s), --contact-randomization --torque-limit-randomization",
+    ("run (1200 s), previous default", RUN_DEFAULT_1200),
+    ("run (1200 s), previous default with --contact-randomization --torque-limit-randomization",
      ("crtlr20-bcg-run-s0", "crtlr20-bcg-run-s1")),
 )
-"""Contact and torque-limit randomisation against the default on the run clip at its default budget (the same seeds and
-code): the lever that helped SpinKarate and the jump's landings, tried where the default already stands."""
+"""Contact and torque-limit randomisation against the previous default on the run clip at its default budget (the same
+seeds and code): the lever that helped SpinKarate and the jump's landings, tried where that default already stood."""
 
 
-CANDIDATE_FLAGS = "--adaptive-start-credit end --contact-randomization --torque-limit-randomization"
-"""The flags of the candidate default: failures credited where they happen, contact and torque-limit randomisation."""
-
-CANDIDATE: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("B_SpinKarate (3600 s), default", ("hd60-bcg-spinkarate-s0",)),
-    (f"B_SpinKarate (3600 s), {CANDIDATE_FLAGS}", ("hd60-bcg-spinkarate-endcrtlr-s0",
-                                                   "hd60-bcg-spinkarate-endcrtlr-s1")),
-    ("run (1200 s), default", RUN_DEFAULT_1200),
-    (f"run (700 s: fewer iterations than the default's 1200 s on the slower machine), {CANDIDATE_FLAGS}",
+DEFAULT_CHANGE: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("B_SpinKarate (3600 s), previous default", ("hd60-bcg-spinkarate-s0",)),
+    ("B_SpinKarate (3600 s), today's default", DEFAULT_SPINKARATE_3600),
+    ("jump (3600 s), previous default", ("def60-bcg-jump-credit-s0", "def60-bcg-jump-credit-s1")),
+    ("jump (3600 s), today's default", ("endcrtlr60-bcg-jump-s0", "endcrtlr60-bcg-jump-s1")),
+    ("J_ShortDance16_JazzWalk (3600 s), previous default", ("def60-bcg-jazzwalk-credit-s0",
+                                                             "def60-bcg-jazzwalk-credit-s1")),
+    ("J_ShortDance16_JazzWalk (3600 s), today's default", ("endcrtlr60-bcg-jazzwalk-s0", "endcrtlr60-bcg-jazzwalk-s1")),
+    ("run (1200 s), previous default", RUN_DEFAULT_1200),
+    ("run (700 s: fewer iterations than the previous default's 1200 s on the slower machine), today's default",
      ("endcrtlr12-bcg-run-s0", "endcrtlr12-bcg-run-s1")),
-    ("fight (1200 s), default", FIGHT_DEFAULT_1200),
-    (f"fight (1200 s), {CANDIDATE_FLAGS}", ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")),
-    (f"fight (700 s: the iterations of 1200 s on the slower machine), {CANDIDATE_FLAGS}",
+    ("fight (1200 s), previous default", FIGHT_DEFAULT_1200),
+    ("fight (1200 s), today's default", ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")),
+    ("fight (700 s: the iterations of 1200 s on the slower machine), today's default",
      ("endcrtlr12-bcg-fight-s0", "endcrtlr12-bcg-fight-s1")),
-    ("dance (1200 s), default", DANCE_DEFAULT_1200),
-    (f"dance (1200 s), {CANDIDATE_FLAGS}", ("endcrtlr20-bcg-dance-s0", "endcrtlr20-bcg-dance-s1")),
+    ("dance (1200 s), previous default", DANCE_DEFAULT_1200),
+    ("dance (1200 s), today's default", ("endcrtlr20-bcg-dance-s0", "endcrtlr20-bcg-dance-s1")),
 )
-"""The candidate default beside today's default: SpinKarate, where it was found, and the run, fight and dance clips at
-their default budget or its iterations. Iterations per seed are shown because the runs with the candidate's flags ran
-on a machine that completes 1.3-1.8x the iterations per hour of the one the default rows ran on (1.7-1.8x on SpinKarate
-and the fight, 1.3-1.5x on the run)."""
+"""Today's default (`--adaptive-start-credit end --contact-randomization --torque-limit-randomization` on top of the
+previous one) beside the previous default, clip by clip: SpinKarate, where it was found, the jump and JazzWalk for an
+hour, the run, fight and dance clips at their budget or its iterations. Iterations per seed are shown because the
+SpinKarate, run, fight and dance runs of today's default ran on a machine that completes 1.3-1.8x the iterations per
+hour of the one the other rows ran on (1.7-1.8x on SpinKarate and the fight, 1.3-1.5x on the run)."""
 
 
 def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: str,
@@ -289,7 +307,7 @@ def tables(root: Path) -> dict[str, tuple[str, str]]:
         "ablation": ("Ablation, run clip", grouped(root, ABLATION, "levers")),
         "methods": ("Methods, run clip", grouped(root, METHODS, "method")),
         "methods_jump": ("Methods, jump clip, 3600 s", grouped(root, METHODS_JUMP, "method")),
-        "defaults": ("`bcg train` default, per clip", grouped(root, DEFAULTS, "clip")),
+        "defaults": ("`bcg train` default, per clip", grouped(root, DEFAULTS, "clip", iterations=True)),
         "jump": ("The jump's landings", grouped(root, JUMP_LEVERS, "jump, SHAC+BCG")),
         "spinkarate": ("SpinKarate's transfer gap", grouped(root, SPINKARATE_LEVERS, "SpinKarate, SHAC+BCG")),
         "window_size": ("cpu-small's window at one budget, run clip",
@@ -298,7 +316,8 @@ def tables(root: Path) -> dict[str, tuple[str, str]]:
                         grouped(root, BUNDLE_SIZE, "SHAC+BCG", iterations=True)),
         "randomization": ("Contact and torque-limit randomisation on the run clip",
                           grouped(root, RANDOMIZATION, "SHAC+BCG", iterations=True)),
-        "candidate": ("The candidate default", grouped(root, CANDIDATE, "SHAC+BCG", iterations=True)),
+        "default_change": ("Today's default against the previous one",
+                           grouped(root, DEFAULT_CHANGE, "SHAC+BCG", iterations=True)),
     }
 
 

@@ -47,8 +47,7 @@ def test_the_layers_take_flat_flags_and_keywords_and_old_runs_read_back() -> Non
 
     cfg = parse_train_args(["--no-adaptive-start", "--replay-threshold", "0.3", "--termination-gravity-z", "None"])
     assert cfg.env_config().layers == EpisodeLayers(
-        termination_anchor_height=0.25, termination_end_effector_height=0.25, adaptive_start_credit="start",
-        replay_threshold=0.3)
+        termination_anchor_height=0.25, termination_end_effector_height=0.25, replay_threshold=0.3)
     assert config_from_dict(config_to_dict(cfg)) == cfg
     # a run written when the layers were flat options of its config
     plain = config_to_dict(cfg)

@@ -101,16 +101,18 @@ def test_train_flags_reach_the_env_config(capsys: pytest.CaptureFixture) -> None
     default = default.layers
     assert (default.termination_anchor_height, default.termination_gravity_z,
             default.termination_end_effector_height) == (0.25, 0.8, 0.25)
-    off_flags = ["--no-domain-randomization", "--no-adaptive-start", "--adaptive-start-credit", "end",
-                 "--termination-anchor-height", "None",
+    assert default.adaptive_start_credit == "end"
+    assert parse_train_args([]).contact_randomization and parse_train_args([]).torque_limit_randomization
+    off_flags = ["--no-domain-randomization", "--no-contact-randomization", "--no-torque-limit-randomization",
+                 "--no-adaptive-start", "--termination-anchor-height", "None",
                  "--termination-gravity-z", "None", "--termination-end-effector-height", "None"]
     off = parse_train_args(off_flags)
     assert all(getattr(off.env_config().layers, k) == getattr(EnvConfig().layers, k) for k in LAYER_FIELDS)
     assert not off.env_config().domain_randomization
     # runs written before these options (or before they were on by default) had none of them: their configs read
-    # back with the layers off
+    # back with the layers and the randomisations off
     old = {k: v for k, v in config_to_dict(parse_train_args([])).items()
-           if k not in ("layers", "domain_randomization")}
+           if k not in ("layers", "domain_randomization", "contact_randomization", "torque_limit_randomization")}
     assert config_from_dict(old) == off
     assert config_from_dict(config_to_dict(cfg)) == cfg
     from bcg.cli import main

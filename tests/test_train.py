@@ -311,16 +311,21 @@ def test_config_json_round_trip():
 
 def test_friction_range_replaces_the_randomised_friction_and_survives_the_config_file():
     from bcg.agents.train import config_from_dict, config_to_dict, parse_train_args
+    from bcg.agents.train_config import CONTACT_RANDOMIZATION, TORQUE_LIMIT_RANDOMIZATION
     from bcg.envs.randomization import DomainRandomization
 
-    cfg = parse_train_args(["--friction-range", "0.2", "0.8", "--torque-limit-randomization"])
+    cfg = parse_train_args(["--friction-range", "0.2", "0.8", "--no-contact-randomization"])
     dr = cfg.env_config().domain_randomization
-    assert dr.friction == (0.2, 0.8) and dr.torque_limit_scale == (0.85, 1.2)
+    assert dr.friction == (0.2, 0.8) and dr.torque_limit_scale == (0.85, 1.2) and dr.contact_beta is None
     assert dr.gain_scale == DomainRandomization().gain_scale  # the rest of domain randomisation is kept
     alone = parse_train_args(["--friction-range", "0.2", "0.8", "--no-domain-randomization"])
     dr = alone.env_config().domain_randomization
     assert dr.friction == (0.2, 0.8) and dr.gain_scale is None and dr.observation_noise is False
-    assert parse_train_args([]).env_config().domain_randomization is True  # unset: the default ranges
+    # unset: the default ranges, with the ground's and the torque limits' draws that bcg train adds by default
+    assert parse_train_args([]).env_config().domain_randomization == dataclasses.replace(
+        DomainRandomization(), **CONTACT_RANDOMIZATION, **TORQUE_LIMIT_RANDOMIZATION)
+    plain = parse_train_args(["--no-contact-randomization", "--no-torque-limit-randomization"])
+    assert plain.env_config().domain_randomization is True
     assert config_from_dict(json.loads(json.dumps(config_to_dict(cfg)))) == cfg
     d = config_to_dict(parse_train_args([]))
     del d["friction_range"]  # a run recorded before the option existed
@@ -443,9 +448,9 @@ def test_shac_resume_equals_uninterrupted_and_export(tmp_path, capsys):
 
 
 def test_resume_of_a_checkpoint_written_before_a_config_field_existed(tmp_path):
-    """A checkpoint whose config lacks a field added since (here adaptive_start_credit, whose default changed from
-    'end' to 'start') resumes: the field reads back as the run ran it (LEGACY_DEFAULTS), not as '<absent>' against
-    today's default, and the continued run keeps that value."""
+    """A checkpoint whose config lacks a field added since (here contact_randomization, whose default changed from
+    off to on) resumes: the field reads back as the run ran it (LEGACY_DEFAULTS), not as '<absent>' against today's
+    default, and the continued run keeps that value."""
     from bcg.agents.checkpoint import save_checkpoint
     from bcg.agents.train import parse_train_args, train
     from bcg.cli import main
@@ -454,11 +459,12 @@ def test_resume_of_a_checkpoint_written_before_a_config_field_existed(tmp_path):
     assert part.status == 0
     path = part.run_dir / "checkpoints" / "iter_000001.pt"
     ck = load_checkpoint(path)
-    old = {**ck.config, "layers": {k: v for k, v in ck.config["layers"].items() if k != "adaptive_start_credit"}}
+    assert ck.config["contact_randomization"] is True
+    old = {k: v for k, v in ck.config.items() if k != "contact_randomization"}
     save_checkpoint(path, agent_state=ck.agent_state, iteration=ck.iteration, run_id=ck.run_id, config=old,
                     metrics_header=ck.metrics_header, metrics_rows=ck.metrics_rows)
     assert main(["train", "--resume", str(part.run_dir), "--iterations", "2", "--no-progress"]) == 0
-    assert json.loads((part.run_dir / "config.json").read_text())["layers"]["adaptive_start_credit"] == "end"
+    assert json.loads((part.run_dir / "config.json").read_text())["contact_randomization"] is False
     assert len(_rows(part.run_dir)) == 2
 
 

@@ -17,7 +17,14 @@ def test_default_run_has_only_its_estimator() -> None:
 
 
 def test_randomisation_flags_and_friction_range_are_named_as_typed() -> None:
-    cfg = default_config("shac", contact_randomization=True, torque_limit_randomization=True,
+    cfg = default_config("shac", contact_randomization=False, torque_limit_randomization=False,
                          friction_range=(0.2, 0.8))
     assert tables.settings(config_to_dict(cfg)) == (
-        "--estimator bptt --contact-randomization --torque-limit-randomization --friction-range 0.2 0.8")
+        "--estimator bptt --no-contact-randomization --no-torque-limit-randomization --friction-range 0.2 0.8")
+
+
+def test_a_run_written_before_the_randomisations_were_on_by_default_names_them_off() -> None:
+    d = config_to_dict(default_config("shac"))
+    for key in ("contact_randomization", "torque_limit_randomization"):
+        del d[key]
+    assert tables.settings(d) == "--estimator bptt --no-contact-randomization --no-torque-limit-randomization"

@@ -122,8 +122,9 @@ def _shutdown(conn: Any, proc: Any) -> None:
     except (OSError, ValueError):
         pass
     proc.join(timeout=5)
-    if proc.is_alive():
+    if proc.is_alive():  # a worker slow to exit (a loaded machine): kill it, and reap it so that it is gone on return
         proc.kill()
+        proc.join(timeout=5)
 
 
 class _Pending:

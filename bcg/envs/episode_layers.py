@@ -66,9 +66,9 @@ class EpisodeLayers:
     @classmethod
     def training(cls) -> EpisodeLayers:
         """``bcg train``'s default: BeyondMimic's three deviation terminations and adaptive start sampling crediting
-        a failure to the start of its episode; no demonstration replay."""
+        a failure to the bin where its episode ended (BeyondMimic's rule); no demonstration replay."""
         return cls(termination_anchor_height=0.25, termination_gravity_z=0.8, termination_end_effector_height=0.25,
-                   adaptive_start=True, adaptive_start_credit="start")
+                   adaptive_start=True, adaptive_start_credit="end")
 
 
 LAYER_FIELDS: tuple[str, ...] = tuple(f.name for f in dataclasses.fields(EpisodeLayers))
