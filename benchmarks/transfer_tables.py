@@ -134,45 +134,64 @@ METHODS_JUMP: tuple[tuple[str, tuple[str, ...]], ...] = (
 variant, seed 2 as the third seeds)."""
 
 
-RUN_DEFAULT_1200 = ("def20-bcg-run-s0", "def20-bcg-run-s1")
+RUN_PREVIOUS_1200 = ("def20-bcg-run-s0", "def20-bcg-run-s1")
 """The run clip with the previous default (`--adaptive-start-credit start`, no ground or torque-limit randomisation)
 for 1200 s, seeds 0 and 1: the baseline of several tables."""
-FIGHT_DEFAULT_1200 = ("def20-bcg-fight-new-s0", "def20-bcg-fight-fix-s1", "def20-bcg-fight-s2")
+FIGHT_PREVIOUS_1200 = ("def20-bcg-fight-new-s0", "def20-bcg-fight-fix-s1", "def20-bcg-fight-s2")
 """The fight with the previous default for 1200 s, seeds 0-2 (1 and 2 after the bundle-gradient correction)."""
-DANCE_DEFAULT_1200 = ("def20-bcg-dance-new-s0", "def20-bcg-dance-fix-s1", "def20-bcg-dance-s2")
+DANCE_PREVIOUS_1200 = ("def20-bcg-dance-new-s0", "def20-bcg-dance-fix-s1", "def20-bcg-dance-s2")
 """The dance with the previous default for 1200 s, seeds 0-2 (1 and 2 after the bundle-gradient correction)."""
 
 
-DEFAULT_SPINKARATE_3600 = ("hd60-bcg-spinkarate-endcrtlr-s0", "hd60-bcg-spinkarate-endcrtlr-s1")
+JUMP_PREVIOUS_3600 = ("def60-bcg-jump-credit-s0", "def60-bcg-jump-credit-s1")
+"""The jump with the previous default for 3600 s, seeds 0 and 1."""
+JAZZWALK_PREVIOUS_3600 = ("def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")
+"""JazzWalk with the previous default for 3600 s, seeds 0 and 1."""
+SPINKARATE_PREVIOUS_3600 = ("hd60-bcg-spinkarate-s0",)
+"""SpinKarate with the previous default for 3600 s after the bundle-gradient correction, seed 0."""
+
+SPINKARATE_DEFAULT_3600 = ("hd60-bcg-spinkarate-endcrtlr-s0", "hd60-bcg-spinkarate-endcrtlr-s1")
 """SpinKarate with today's default for 3600 s, seeds 0 and 1 (trained with its three flags before they were the
 default, on the machine that runs 1.7x the iterations per hour)."""
+JUMP_DEFAULT_3600 = ("endcrtlr60-bcg-jump-s0", "endcrtlr60-bcg-jump-s1")
+"""The jump with today's default for 3600 s, seeds 0 and 1."""
+JAZZWALK_DEFAULT_3600 = ("endcrtlr60-bcg-jazzwalk-s0", "endcrtlr60-bcg-jazzwalk-s1")
+"""JazzWalk with today's default for 3600 s, seeds 0 and 1."""
+RUN_DEFAULT_700 = ("endcrtlr12-bcg-run-s0", "endcrtlr12-bcg-run-s1")
+"""The run clip with today's default for 700 s on the faster machine, seeds 0 and 1."""
+FIGHT_DEFAULT_1200 = ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")
+"""The fight with today's default for 1200 s on the faster machine, seeds 0 and 1."""
+FIGHT_DEFAULT_700 = ("endcrtlr12-bcg-fight-s0", "endcrtlr12-bcg-fight-s1")
+"""The fight with today's default for 700 s on the faster machine (the previous default's iterations at 1200 s)."""
+DANCE_DEFAULT_1200 = ("endcrtlr20-bcg-dance-s0", "endcrtlr20-bcg-dance-s1")
+"""The dance with today's default for 1200 s on the faster machine, seeds 0 and 1."""
 
 DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("run (700 s)", ("endcrtlr12-bcg-run-s0", "endcrtlr12-bcg-run-s1")),
+    ("run (700 s)", RUN_DEFAULT_700),
     ("run (1200 s), previous default", ("def20-bcg-run-credit-s0", "def20-bcg-run-credit-s1")),
-    ("run (1200 s), previous default, retrained with the code of its time", RUN_DEFAULT_1200),
+    ("run (1200 s), previous default, retrained with the code of its time", RUN_PREVIOUS_1200),
     ("run (1200 s), earlier default", ("ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bcg-run-s2")),
     ("run (3600 s), earlier default", ("def60-bcg-run-s0", "def60-bcg-run-s1")),
-    ("jump (3600 s)", ("endcrtlr60-bcg-jump-s0", "endcrtlr60-bcg-jump-s1")),
-    ("jump (3600 s), previous default", ("def60-bcg-jump-credit-s0", "def60-bcg-jump-credit-s1")),
+    ("jump (3600 s)", JUMP_DEFAULT_3600),
+    ("jump (3600 s), previous default", JUMP_PREVIOUS_3600),
     ("jump (3600 s), earlier default", ("def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bcg-jump-s2")),
-    ("fight (1200 s)", ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")),
-    ("fight (700 s)", ("endcrtlr12-bcg-fight-s0", "endcrtlr12-bcg-fight-s1")),
-    ("fight (1200 s), previous default", FIGHT_DEFAULT_1200),
+    ("fight (1200 s)", FIGHT_DEFAULT_1200),
+    ("fight (700 s)", FIGHT_DEFAULT_700),
+    ("fight (1200 s), previous default", FIGHT_PREVIOUS_1200),
     ("fight (1200 s), earlier default", ("def-bcg-fight-s0", "def-bcg-fight-s1")),
-    ("dance (1200 s)", ("endcrtlr20-bcg-dance-s0", "endcrtlr20-bcg-dance-s1")),
-    ("dance (1200 s), previous default", DANCE_DEFAULT_1200),
+    ("dance (1200 s)", DANCE_DEFAULT_1200),
+    ("dance (1200 s), previous default", DANCE_PREVIOUS_1200),
     ("dance (1200 s), earlier default", ("def-bcg-dance-s0", "def-bcg-dance-s1")),
-    ("J_ShortDance16_JazzWalk, G1 Moves (3600 s)", ("endcrtlr60-bcg-jazzwalk-s0", "endcrtlr60-bcg-jazzwalk-s1")),
+    ("J_ShortDance16_JazzWalk, G1 Moves (3600 s)", JAZZWALK_DEFAULT_3600),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s), previous default",
-     ("def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")),
+     JAZZWALK_PREVIOUS_3600),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s), earlier default", ("def60-bcg-jazzwalk-s0", "def60-bcg-jazzwalk-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (1200 s), earlier default", ("ts-bcg-jazzwalk-s0",)),
     ("M_ShortMove14, G1 Moves, 6.5 s, not tuned on (3600 s), previous default",
      ("def60-bcg-shortmove14-s0", "def60-bcg-shortmove14-s1")),
     ("B_HandsUp, G1 Moves, 7.4 s, not tuned on (3600 s), previous default",
      ("def60-bcg-handsup-s0", "def60-bcg-handsup-s1")),
-    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s)", DEFAULT_SPINKARATE_3600),
+    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s)", SPINKARATE_DEFAULT_3600),
     ("B_SpinKarate, G1 Moves, 25.6 s (3600 s), previous default",
      ("def60-bcg-spinkarate-credit-s0", "def60-bcg-spinkarate-credit-s1")),
     ("B_SpinKarate, G1 Moves, 25.6 s (7200 s: seed 0 continued), previous default",
@@ -197,7 +216,7 @@ JUMP_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("previous default (3600 s), before the bundle-gradient correction", ("def60-bcg-spinkarate-credit-s0",
                                                                    "def60-bcg-spinkarate-credit-s1")),
-    ("previous default (3600 s)", ("hd60-bcg-spinkarate-s0",)),
+    ("previous default (3600 s)", SPINKARATE_PREVIOUS_3600),
     ("--torque-limit-randomization (3600 s)", ("hd60-bcg-spinkarate-tlr-s0",)),
     ("--reference-joint-margin 0.05 (3600 s)", ("hd60-bcg-spinkarate-m05-s0", "hd60-bcg-spinkarate-m05-s1")),
     ("--contact-randomization (3600 s)", ("hd60-bcg-spinkarate-cr-s0", "hd60-bcg-spinkarate-cr-s1")),
@@ -209,7 +228,7 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("hd60-bcg-spinkarate-crtlrfr15-s0",)),
     ("--adaptive-start-credit end (3600 s)", ("hd60-bcg-spinkarate-end-s0", "hd60-bcg-spinkarate-end-s1")),
     ("--adaptive-start-credit end --contact-randomization --torque-limit-randomization (3600 s): today's default",
-     DEFAULT_SPINKARATE_3600),
+     SPINKARATE_DEFAULT_3600),
 )
 """What was tried on SpinKarate: its transfer gap (saturated ankles, an ankle roll held at its stop by the clip, a
 slippery pivot) and learning its kicks within the hour (where failed episodes are credited); flags on top of the
@@ -217,7 +236,7 @@ previous default (failures credited to the start of their episode, neither rando
 
 
 BUNDLE_SIZE: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("run (1200 s), B = 10", RUN_DEFAULT_1200),
+    ("run (1200 s), B = 10", RUN_PREVIOUS_1200),
     ("run (1200 s), sized 2 ... 10", ("def20-bcgsized-run-s0", "def20-bcgsized-run-s1")),
     ("jump (3600 s, earlier default), seed 2, B = 10", ("def60-bcg-jump-s2",)),
     ("jump (3600 s, earlier default), seed 2, sized 2 ... 10", ("def60-bcgsized-jump-s2",)),
@@ -227,7 +246,7 @@ BUNDLE_SIZE: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 WINDOW_SIZE: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("16 x 16 (cpu-small)", RUN_DEFAULT_1200),
+    ("16 x 16 (cpu-small)", RUN_PREVIOUS_1200),
     ("32 x 16", ("nh32x16-bcg-run-s0", "nh32x16-bcg-run-s1")),
     ("16 x 32", ("nh16x32-bcg-run-s0", "nh16x32-bcg-run-s1")),
     ("32 x 32", ("nh32x32-bcg-run-s0", "nh32x32-bcg-run-s1")),
@@ -237,7 +256,7 @@ previous default otherwise."""
 
 
 RANDOMIZATION: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("run (1200 s), previous default", RUN_DEFAULT_1200),
+    ("run (1200 s), previous default", RUN_PREVIOUS_1200),
     ("run (1200 s), previous default with --contact-randomization --torque-limit-randomization",
      ("crtlr20-bcg-run-s0", "crtlr20-bcg-run-s1")),
 )
@@ -246,22 +265,21 @@ seeds and code): the lever that helped SpinKarate and the jump's landings, tried
 
 
 DEFAULT_CHANGE: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("B_SpinKarate (3600 s), previous default", ("hd60-bcg-spinkarate-s0",)),
-    ("B_SpinKarate (3600 s), today's default", DEFAULT_SPINKARATE_3600),
-    ("jump (3600 s), previous default", ("def60-bcg-jump-credit-s0", "def60-bcg-jump-credit-s1")),
-    ("jump (3600 s), today's default", ("endcrtlr60-bcg-jump-s0", "endcrtlr60-bcg-jump-s1")),
-    ("J_ShortDance16_JazzWalk (3600 s), previous default", ("def60-bcg-jazzwalk-credit-s0",
-                                                             "def60-bcg-jazzwalk-credit-s1")),
-    ("J_ShortDance16_JazzWalk (3600 s), today's default", ("endcrtlr60-bcg-jazzwalk-s0", "endcrtlr60-bcg-jazzwalk-s1")),
-    ("run (1200 s), previous default", RUN_DEFAULT_1200),
+    ("B_SpinKarate (3600 s), previous default", SPINKARATE_PREVIOUS_3600),
+    ("B_SpinKarate (3600 s), today's default", SPINKARATE_DEFAULT_3600),
+    ("jump (3600 s), previous default", JUMP_PREVIOUS_3600),
+    ("jump (3600 s), today's default", JUMP_DEFAULT_3600),
+    ("J_ShortDance16_JazzWalk (3600 s), previous default", JAZZWALK_PREVIOUS_3600),
+    ("J_ShortDance16_JazzWalk (3600 s), today's default", JAZZWALK_DEFAULT_3600),
+    ("run (1200 s), previous default", RUN_PREVIOUS_1200),
     ("run (700 s: fewer iterations than the previous default's 1200 s on the slower machine), today's default",
-     ("endcrtlr12-bcg-run-s0", "endcrtlr12-bcg-run-s1")),
-    ("fight (1200 s), previous default", FIGHT_DEFAULT_1200),
-    ("fight (1200 s), today's default", ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")),
+     RUN_DEFAULT_700),
+    ("fight (1200 s), previous default", FIGHT_PREVIOUS_1200),
+    ("fight (1200 s), today's default", FIGHT_DEFAULT_1200),
     ("fight (700 s: the iterations of 1200 s on the slower machine), today's default",
-     ("endcrtlr12-bcg-fight-s0", "endcrtlr12-bcg-fight-s1")),
-    ("dance (1200 s), previous default", DANCE_DEFAULT_1200),
-    ("dance (1200 s), today's default", ("endcrtlr20-bcg-dance-s0", "endcrtlr20-bcg-dance-s1")),
+     FIGHT_DEFAULT_700),
+    ("dance (1200 s), previous default", DANCE_PREVIOUS_1200),
+    ("dance (1200 s), today's default", DANCE_DEFAULT_1200),
 )
 """Today's default (`--adaptive-start-credit end --contact-randomization --torque-limit-randomization` on top of the
 previous one) beside the previous default, clip by clip: SpinKarate, where it was found, the jump and JazzWalk for an

@@ -102,7 +102,8 @@ def test_train_flags_reach_the_env_config(capsys: pytest.CaptureFixture) -> None
     assert (default.termination_anchor_height, default.termination_gravity_z,
             default.termination_end_effector_height) == (0.25, 0.8, 0.25)
     assert default.adaptive_start_credit == "end"
-    assert parse_train_args([]).contact_randomization and parse_train_args([]).torque_limit_randomization
+    trained = parse_train_args([])
+    assert trained.contact_randomization and trained.torque_limit_randomization
     off_flags = ["--no-domain-randomization", "--no-contact-randomization", "--no-torque-limit-randomization",
                  "--no-adaptive-start", "--termination-anchor-height", "None",
                  "--termination-gravity-z", "None", "--termination-end-effector-height", "None"]
