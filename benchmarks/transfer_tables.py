@@ -153,10 +153,17 @@ SPINKARATE_PREVIOUS_3600 = ("hd60-bcg-spinkarate-s0",)
 SPINKARATE_DEFAULT_3600 = ("hd60-bcg-spinkarate-endcrtlr-s0", "hd60-bcg-spinkarate-endcrtlr-s1")
 """SpinKarate with today's default for 3600 s, seeds 0 and 1 (trained with its three flags before they were the
 default, on the machine that runs 1.7x the iterations per hour)."""
+SPINKARATE_DEFAULT_3600_SLOWER = ("endcrtlr60-bcg-spinkarate-s0", "endcrtlr60-bcg-spinkarate-s1")
+"""SpinKarate with today's default for 3600 s on the slower machine (set after the default changed), seeds 0 and 1."""
 JUMP_DEFAULT_3600 = ("endcrtlr60-bcg-jump-s0", "endcrtlr60-bcg-jump-s1")
 """The jump with today's default for 3600 s, seeds 0 and 1."""
 JAZZWALK_DEFAULT_3600 = ("endcrtlr60-bcg-jazzwalk-s0", "endcrtlr60-bcg-jazzwalk-s1")
 """JazzWalk with today's default for 3600 s, seeds 0 and 1."""
+SHORTMOVE14_PREVIOUS_3600 = ("def60-bcg-shortmove14-s0", "def60-bcg-shortmove14-s1")
+"""ShortMove14 (a real clip never used while tuning) with the previous default for 3600 s, seeds 0 and 1."""
+SHORTMOVE14_DEFAULT_3600 = ("endcrtlr60-bcg-shortmove14-s0", "endcrtlr60-bcg-shortmove14-s1")
+"""ShortMove14 with today's default for 3600 s, seeds 0 and 1 (on the slower machine, with fewer iterations than the
+previous default's runs)."""
 RUN_DEFAULT_700 = ("endcrtlr12-bcg-run-s0", "endcrtlr12-bcg-run-s1")
 """The run clip with today's default for 700 s on the faster machine, seeds 0 and 1."""
 FIGHT_DEFAULT_1200 = ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")
@@ -187,11 +194,12 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
      JAZZWALK_PREVIOUS_3600),
     ("J_ShortDance16_JazzWalk, G1 Moves (3600 s), earlier default", ("def60-bcg-jazzwalk-s0", "def60-bcg-jazzwalk-s1")),
     ("J_ShortDance16_JazzWalk, G1 Moves (1200 s), earlier default", ("ts-bcg-jazzwalk-s0",)),
-    ("M_ShortMove14, G1 Moves, 6.5 s, not tuned on (3600 s), previous default",
-     ("def60-bcg-shortmove14-s0", "def60-bcg-shortmove14-s1")),
+    ("M_ShortMove14, G1 Moves, 6.5 s, not tuned on (3600 s)", SHORTMOVE14_DEFAULT_3600),
+    ("M_ShortMove14, G1 Moves, 6.5 s, not tuned on (3600 s), previous default", SHORTMOVE14_PREVIOUS_3600),
     ("B_HandsUp, G1 Moves, 7.4 s, not tuned on (3600 s), previous default",
      ("def60-bcg-handsup-s0", "def60-bcg-handsup-s1")),
-    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s)", SPINKARATE_DEFAULT_3600),
+    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s)", SPINKARATE_DEFAULT_3600_SLOWER),
+    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s on the faster machine)", SPINKARATE_DEFAULT_3600),
     ("B_SpinKarate, G1 Moves, 25.6 s (3600 s), previous default",
      ("def60-bcg-spinkarate-credit-s0", "def60-bcg-spinkarate-credit-s1")),
     ("B_SpinKarate, G1 Moves, 25.6 s (7200 s: seed 0 continued), previous default",
@@ -227,8 +235,10 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--contact-randomization --torque-limit-randomization --friction-range 0.15 0.6 (3600 s)",
      ("hd60-bcg-spinkarate-crtlrfr15-s0",)),
     ("--adaptive-start-credit end (3600 s)", ("hd60-bcg-spinkarate-end-s0", "hd60-bcg-spinkarate-end-s1")),
-    ("--adaptive-start-credit end --contact-randomization --torque-limit-randomization (3600 s): today's default",
+    ("--adaptive-start-credit end --contact-randomization --torque-limit-randomization (3600 s on the faster "
+     "machine): today's default",
      SPINKARATE_DEFAULT_3600),
+    ("today's default, on the slower machine (3600 s)", SPINKARATE_DEFAULT_3600_SLOWER),
 )
 """What was tried on SpinKarate: its transfer gap (saturated ankles, an ankle roll held at its stop by the clip, a
 slippery pivot) and learning its kicks within the hour (where failed episodes are credited); flags on top of the
@@ -266,26 +276,30 @@ seeds and code): the lever that helped SpinKarate and the jump's landings, tried
 
 DEFAULT_CHANGE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("B_SpinKarate (3600 s), previous default", SPINKARATE_PREVIOUS_3600),
-    ("B_SpinKarate (3600 s), today's default", SPINKARATE_DEFAULT_3600),
+    ("B_SpinKarate (3600 s on the faster machine), today's default", SPINKARATE_DEFAULT_3600),
+    ("B_SpinKarate (3600 s), today's default", SPINKARATE_DEFAULT_3600_SLOWER),
     ("jump (3600 s), previous default", JUMP_PREVIOUS_3600),
     ("jump (3600 s), today's default", JUMP_DEFAULT_3600),
     ("J_ShortDance16_JazzWalk (3600 s), previous default", JAZZWALK_PREVIOUS_3600),
     ("J_ShortDance16_JazzWalk (3600 s), today's default", JAZZWALK_DEFAULT_3600),
+    ("M_ShortMove14, not tuned on (3600 s), previous default", SHORTMOVE14_PREVIOUS_3600),
+    ("M_ShortMove14, not tuned on (3600 s), today's default", SHORTMOVE14_DEFAULT_3600),
     ("run (1200 s), previous default", RUN_PREVIOUS_1200),
-    ("run (700 s: fewer iterations than the previous default's 1200 s on the slower machine), today's default",
+    ("run (700 s on the faster machine: fewer iterations than the previous default's 1200 s), today's default",
      RUN_DEFAULT_700),
     ("fight (1200 s), previous default", FIGHT_PREVIOUS_1200),
-    ("fight (1200 s), today's default", FIGHT_DEFAULT_1200),
-    ("fight (700 s: the iterations of 1200 s on the slower machine), today's default",
+    ("fight (1200 s on the faster machine), today's default", FIGHT_DEFAULT_1200),
+    ("fight (700 s on the faster machine: the iterations of 1200 s on the slower one), today's default",
      FIGHT_DEFAULT_700),
     ("dance (1200 s), previous default", DANCE_PREVIOUS_1200),
-    ("dance (1200 s), today's default", DANCE_DEFAULT_1200),
+    ("dance (1200 s on the faster machine), today's default", DANCE_DEFAULT_1200),
 )
 """Today's default (`--adaptive-start-credit end --contact-randomization --torque-limit-randomization` on top of the
 previous one) beside the previous default, clip by clip: SpinKarate, where it was found, the jump and JazzWalk for an
-hour, the run, fight and dance clips at their budget or its iterations. Iterations per seed are shown because the
-SpinKarate, run, fight and dance runs of today's default ran on a machine that completes 1.3-1.8x the iterations per
-hour of the one the other rows ran on (1.7-1.8x on SpinKarate and the fight, 1.3-1.5x on the run)."""
+hour, ShortMove14 (held out from tuning) for an hour, the run, fight and dance clips at their budget or its
+iterations. Iterations per seed are shown because the runs ran on two machines of the same kind, one of which
+completes 1.2-1.8x the iterations per hour of the other (1.7-1.8x on SpinKarate and the fight, 1.3-1.5x on the run,
+1.2x on ShortMove14); the labels say which rows ran on the faster one."""
 
 
 def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: str,
