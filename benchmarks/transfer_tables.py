@@ -107,8 +107,16 @@ def table(root: Path) -> str:
     return "\n".join(lines)
 
 
+RUN_EARLIER_1200 = ("ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bcg-run-s2")
+"""The run clip with the earlier default (failures credited where their episode ended, neither randomisation) for
+1200 s, seeds 0-2: the ablation's all-on row (seeds 0 and 1) and SHAC+BCG in the run's method table."""
+JUMP_EARLIER_3600 = ("def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bcg-jump-s2")
+"""The jump with the earlier default for 3600 s, seeds 0-2 (seed 2 is the fixed-bundle side of the bundle-size pair)."""
+JUMP_SIZED_3600 = ("def60-bcgsized-jump-s2",)
+"""The jump with bundles sized from the force, the earlier default otherwise, 3600 s, seed 2."""
+
 ABLATION: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("`bcg train` default of the time (all layers, schedule over the budget)", ("ts-bcg-run-s0", "ts-bcg-run-s1")),
+    ("`bcg train` default of the time (all layers, schedule over the budget)", RUN_EARLIER_1200[:2]),
     ("schedule over 500 iterations (the rest on)", ("drlay-bcg-run-s0", "drlay-bcg-run-s1")),
     ("no domain randomisation", ("ts-nodr-bcg-run-s0",)),
     ("no adaptive start states", ("ts-noadapt-bcg-run-s0",)),
@@ -118,17 +126,17 @@ ABLATION: tuple[tuple[str, tuple[str, ...]], ...] = (
 credited where their episode ended, neither the ground nor the torque limits randomised)."""
 
 METHODS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("SHAC+BCG", ("ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bcg-run-s2")),
+    ("SHAC+BCG", RUN_EARLIER_1200),
     ("SHAC (bptt)", ("ts-bptt-run-s0", "ts-bptt-run-s1", "ts-bptt-run-s2")),
     ("PPO", ("ts-ppo-run-s0", "ts-ppo-run-s1", "ts-ppo-run-s2")),
 )
 """The three methods on the run clip at the same settings and budget (1200 s)."""
 
 METHODS_JUMP: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("SHAC+BCG", ("def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bcg-jump-s2")),
+    ("SHAC+BCG", JUMP_EARLIER_3600),
     ("SHAC (bptt)", ("def60-bptt-jump-s0", "def60-bptt-jump-s1", "def60-bptt-jump-s2")),
     ("PPO", ("def60-ppo-jump-s0", "def60-ppo-jump-s1", "def60-ppo-jump-s2")),
-    ("SHAC+BCG, bundles sized from the force (`bcg:size=sensitivity,min_branches=2`)", ("def60-bcgsized-jump-s2",)),
+    ("SHAC+BCG, bundles sized from the force (`bcg:size=sensitivity,min_branches=2`)", JUMP_SIZED_3600),
 )
 """The three methods on the jump clip with `bcg train`'s default settings and 3600 s each (and one estimator
 variant, seed 2 as the third seeds)."""
@@ -147,6 +155,8 @@ JUMP_PREVIOUS_3600 = ("def60-bcg-jump-credit-s0", "def60-bcg-jump-credit-s1")
 """The jump with the previous default for 3600 s, seeds 0 and 1."""
 JAZZWALK_PREVIOUS_3600 = ("def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")
 """JazzWalk with the previous default for 3600 s, seeds 0 and 1."""
+SPINKARATE_PREVIOUS_3600_UNCORRECTED = ("def60-bcg-spinkarate-credit-s0", "def60-bcg-spinkarate-credit-s1")
+"""SpinKarate with the previous default for 3600 s before the bundle-gradient correction, seeds 0 and 1."""
 SPINKARATE_PREVIOUS_3600 = ("hd60-bcg-spinkarate-s0",)
 """SpinKarate with the previous default for 3600 s after the bundle-gradient correction, seed 0."""
 
@@ -177,11 +187,11 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (700 s)", RUN_DEFAULT_700),
     ("run (1200 s), previous default", ("def20-bcg-run-credit-s0", "def20-bcg-run-credit-s1")),
     ("run (1200 s), previous default, retrained with the code of its time", RUN_PREVIOUS_1200),
-    ("run (1200 s), earlier default", ("ts-bcg-run-s0", "ts-bcg-run-s1", "ts-bcg-run-s2")),
+    ("run (1200 s), earlier default", RUN_EARLIER_1200),
     ("run (3600 s), earlier default", ("def60-bcg-run-s0", "def60-bcg-run-s1")),
     ("jump (3600 s)", JUMP_DEFAULT_3600),
     ("jump (3600 s), previous default", JUMP_PREVIOUS_3600),
-    ("jump (3600 s), earlier default", ("def60-bcg-jump-s0", "def60-bcg-jump-s1", "def60-bcg-jump-s2")),
+    ("jump (3600 s), earlier default", JUMP_EARLIER_3600),
     ("fight (1200 s)", FIGHT_DEFAULT_1200),
     ("fight (700 s)", FIGHT_DEFAULT_700),
     ("fight (1200 s), previous default", FIGHT_PREVIOUS_1200),
@@ -200,8 +210,7 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
      ("def60-bcg-handsup-s0", "def60-bcg-handsup-s1")),
     ("B_SpinKarate, G1 Moves, 25.6 s (3600 s)", SPINKARATE_DEFAULT_3600_SLOWER),
     ("B_SpinKarate, G1 Moves, 25.6 s (3600 s on the faster machine)", SPINKARATE_DEFAULT_3600),
-    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s), previous default",
-     ("def60-bcg-spinkarate-credit-s0", "def60-bcg-spinkarate-credit-s1")),
+    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s), previous default", SPINKARATE_PREVIOUS_3600_UNCORRECTED),
     ("B_SpinKarate, G1 Moves, 25.6 s (7200 s: seed 0 continued), previous default",
      ("def120-bcg-spinkarate-credit-s0",)),
 )
@@ -222,8 +231,7 @@ JUMP_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 
 SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("previous default (3600 s), before the bundle-gradient correction", ("def60-bcg-spinkarate-credit-s0",
-                                                                   "def60-bcg-spinkarate-credit-s1")),
+    ("previous default (3600 s), before the bundle-gradient correction", SPINKARATE_PREVIOUS_3600_UNCORRECTED),
     ("previous default (3600 s)", SPINKARATE_PREVIOUS_3600),
     ("--torque-limit-randomization (3600 s)", ("hd60-bcg-spinkarate-tlr-s0",)),
     ("--reference-joint-margin 0.05 (3600 s)", ("hd60-bcg-spinkarate-m05-s0", "hd60-bcg-spinkarate-m05-s1")),
@@ -248,8 +256,8 @@ previous default (failures credited to the start of their episode, neither rando
 BUNDLE_SIZE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (1200 s), B = 10", RUN_PREVIOUS_1200),
     ("run (1200 s), sized 2 ... 10", ("def20-bcgsized-run-s0", "def20-bcgsized-run-s1")),
-    ("jump (3600 s, earlier default), seed 2, B = 10", ("def60-bcg-jump-s2",)),
-    ("jump (3600 s, earlier default), seed 2, sized 2 ... 10", ("def60-bcgsized-jump-s2",)),
+    ("jump (3600 s, earlier default), seed 2, B = 10", JUMP_EARLIER_3600[2:]),
+    ("jump (3600 s, earlier default), seed 2, sized 2 ... 10", JUMP_SIZED_3600),
 )
 """SHAC+BCG with fixed bundles (`bcg`, B = 10) against bundles sized from the force
 (`bcg:size=sensitivity,min_branches=2`), each pair with the same seed, code and settings, trained side by side."""
