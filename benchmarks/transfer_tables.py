@@ -165,6 +165,9 @@ SPINKARATE_DEFAULT_3600 = ("hd60-bcg-spinkarate-endcrtlr-s0", "hd60-bcg-spinkara
 default, on the machine that runs 1.7x the iterations per hour)."""
 SPINKARATE_DEFAULT_3600_SLOWER = ("endcrtlr60-bcg-spinkarate-s0", "endcrtlr60-bcg-spinkarate-s1")
 """SpinKarate with today's default for 3600 s on the slower machine (set after the default changed), seeds 0 and 1."""
+SPINKARATE_DEFAULT_3600_ALONE = ("solo60-bcg-spinkarate-s0", "solo60-bcg-spinkarate-s1")
+"""SpinKarate with today's default for 3600 s on the slower machine, one run at a time (the critic fit's worker
+process on the second core, as a user runs `bcg train`), seeds 0 and 1."""
 JUMP_DEFAULT_3600 = ("endcrtlr60-bcg-jump-s0", "endcrtlr60-bcg-jump-s1")
 """The jump with today's default for 3600 s, seeds 0 and 1."""
 JAZZWALK_DEFAULT_3600 = ("endcrtlr60-bcg-jazzwalk-s0", "endcrtlr60-bcg-jazzwalk-s1")
@@ -208,7 +211,8 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("M_ShortMove14, G1 Moves, 6.5 s, not tuned on (3600 s), previous default", SHORTMOVE14_PREVIOUS_3600),
     ("B_HandsUp, G1 Moves, 7.4 s, not tuned on (3600 s), previous default",
      ("def60-bcg-handsup-s0", "def60-bcg-handsup-s1")),
-    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s)", SPINKARATE_DEFAULT_3600_SLOWER),
+    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s, one run at a time)", SPINKARATE_DEFAULT_3600_ALONE),
+    ("B_SpinKarate, G1 Moves, 25.6 s (3600 s, two runs at a time)", SPINKARATE_DEFAULT_3600_SLOWER),
     ("B_SpinKarate, G1 Moves, 25.6 s (3600 s on the faster machine)", SPINKARATE_DEFAULT_3600),
     ("B_SpinKarate, G1 Moves, 25.6 s (3600 s), previous default", SPINKARATE_PREVIOUS_3600_UNCORRECTED),
     ("B_SpinKarate, G1 Moves, 25.6 s (7200 s: seed 0 continued), previous default",
@@ -246,7 +250,8 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("--adaptive-start-credit end --contact-randomization --torque-limit-randomization (3600 s on the faster "
      "machine): today's default",
      SPINKARATE_DEFAULT_3600),
-    ("today's default, on the slower machine (3600 s)", SPINKARATE_DEFAULT_3600_SLOWER),
+    ("today's default, on the slower machine (3600 s, two runs at a time)", SPINKARATE_DEFAULT_3600_SLOWER),
+    ("today's default, on the slower machine (3600 s, one run at a time)", SPINKARATE_DEFAULT_3600_ALONE),
 )
 """What was tried on SpinKarate: its transfer gap (saturated ankles, an ankle roll held at its stop by the clip, a
 slippery pivot) and learning its kicks within the hour (where failed episodes are credited); flags on top of the
@@ -285,7 +290,8 @@ seeds and code): the lever that helped SpinKarate and the jump's landings, tried
 DEFAULT_CHANGE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("B_SpinKarate (3600 s), previous default", SPINKARATE_PREVIOUS_3600),
     ("B_SpinKarate (3600 s on the faster machine), today's default", SPINKARATE_DEFAULT_3600),
-    ("B_SpinKarate (3600 s), today's default", SPINKARATE_DEFAULT_3600_SLOWER),
+    ("B_SpinKarate (3600 s, two runs at a time), today's default", SPINKARATE_DEFAULT_3600_SLOWER),
+    ("B_SpinKarate (3600 s, one run at a time), today's default", SPINKARATE_DEFAULT_3600_ALONE),
     ("jump (3600 s), previous default", JUMP_PREVIOUS_3600),
     ("jump (3600 s), today's default", JUMP_DEFAULT_3600),
     ("J_ShortDance16_JazzWalk (3600 s), previous default", JAZZWALK_PREVIOUS_3600),
