@@ -164,7 +164,8 @@ SPINKARATE_DEFAULT_3600 = ("hd60-bcg-spinkarate-endcrtlr-s0", "hd60-bcg-spinkara
 """SpinKarate with today's default for 3600 s, seeds 0 and 1 (trained with its three flags before they were the
 default, on the machine that runs 1.7x the iterations per hour)."""
 SPINKARATE_DEFAULT_3600_SLOWER = ("endcrtlr60-bcg-spinkarate-s0", "endcrtlr60-bcg-spinkarate-s1")
-"""SpinKarate with today's default for 3600 s on the slower machine (set after the default changed), seeds 0 and 1."""
+"""SpinKarate with today's default for 3600 s on the slower machine, two runs at a time (each with about one core;
+trained after the default changed), seeds 0 and 1."""
 SPINKARATE_DEFAULT_3600_ALONE = ("solo60-bcg-spinkarate-s0", "solo60-bcg-spinkarate-s1")
 """SpinKarate with today's default for 3600 s on the slower machine, one run at a time (the critic fit's worker
 process on the second core, as a user runs `bcg train`), seeds 0 and 1."""
