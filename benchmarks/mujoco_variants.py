@@ -13,6 +13,8 @@ MuJoCo variants (``--variants``; the default runs them all):
 * ``torsional-friction``: torsional friction on every contact (condim 4, 0.02 m), which resists a foot turning on
   the ground;
 * ``elliptic-cones``: elliptic friction cones instead of pyramids;
+* ``noslip``: MuJoCo's no-slip solver after the main one (10 iterations), which removes the slow creep of a loaded
+  contact that MuJoCo's soft friction otherwise lets slide (ours holds a contact inside its friction cone);
 * ``friction-xF``: the sliding friction coefficient scaled by F (e.g. ``friction-x0.5``, ``friction-x2``);
 * ``ankle-torque-xF`` / ``torque-xF``: the ankles' / every actuator's torque limit scaled by F;
 * ``no-joint-limits``: every joint limit removed.
@@ -43,8 +45,8 @@ from bcg.evaluation.mujoco_transfer import MujocoTransition, replay
 from bcg.evaluation.transfer_protocol import TransferOptions
 
 DEFAULT_VARIANTS = {
-    "mujoco": ("mujoco", "stiff-contact", "torsional-friction", "elliptic-cones", "friction-x0.5", "friction-x2",
-               "ankle-torque-x1.5", "ankle-torque-x3", "torque-x1.5", "no-joint-limits"),
+    "mujoco": ("mujoco", "stiff-contact", "torsional-friction", "elliptic-cones", "noslip", "friction-x0.5",
+               "friction-x2", "ankle-torque-x1.5", "ankle-torque-x3", "torque-x1.5", "no-joint-limits"),
     "bcg": ("bcg", "friction-x0.5", "friction-x2", "soft-contact", "soft-contact+friction-x0.5", "no-joint-limits"),
 }
 """Each simulator's variants when ``--variants`` is not given."""
@@ -72,6 +74,11 @@ def _torsional_friction(m: Any) -> Any:
     return m
 
 
+def _noslip(m: Any) -> Any:
+    m.opt.noslip_iterations = 10
+    return m
+
+
 def _elliptic_cones(m: Any) -> Any:
     m.opt.cone = mujoco.mjtCone.mjCONE_ELLIPTIC
     return m
@@ -89,7 +96,7 @@ def _scale_friction(m: Any, factor: float) -> Any:
 
 _MUJOCO_FIXED: dict[str, Callable[[Any], Any]] = {
     "mujoco": lambda m: m, "stiff-contact": _stiff_contact, "torsional-friction": _torsional_friction,
-    "elliptic-cones": _elliptic_cones, "no-joint-limits": _no_joint_limits}
+    "elliptic-cones": _elliptic_cones, "noslip": _noslip, "no-joint-limits": _no_joint_limits}
 _MUJOCO_SCALED: dict[str, Callable[[Any, float], Any]] = {
     "friction-x": _scale_friction, "ankle-torque-x": lambda m, f: _scale_torque(m, f, "ankle"),
     "torque-x": _scale_torque}

@@ -21,11 +21,12 @@ def _changed(variant: str) -> dict[str, np.ndarray]:
     base, model = MujocoLoop(1).model, MujocoLoop(1).model
     variants.model_change(variant)(model)
     assert (variant == "elliptic-cones") == (model.opt.cone != base.opt.cone)
+    assert (variant == "noslip") == (model.opt.noslip_iterations != base.opt.noslip_iterations)
     return {f: getattr(model, f) != getattr(base, f) for f in FIELDS if (getattr(model, f) != getattr(base, f)).any()}
 
 
 def test_each_variant_changes_only_its_part_of_the_model():
-    assert _changed("mujoco") == {} and _changed("elliptic-cones") == {}
+    assert _changed("mujoco") == {} and _changed("elliptic-cones") == {} and _changed("noslip") == {}
     assert set(_changed("stiff-contact")) == {"geom_solref"}
     assert set(_changed("torsional-friction")) == {"geom_condim", "geom_friction"}
     assert set(_changed("no-joint-limits")) == {"jnt_limited"}
