@@ -20,7 +20,8 @@ MuJoCo variants (``--variants``; the default runs them all):
 * ``no-joint-limits``: every joint limit removed.
 
 Variants of our simulator (``--simulator bcg``): ``bcg`` (as ``bcg evaluate`` runs it), ``friction-xF`` (the ground
-friction coefficient scaled by F), ``soft-contact`` (MuJoCo's soft normal contact, time constant 0.02 s),
+friction coefficient scaled by F), ``beta-xF`` (the contacts' Baumgarte factor scaled by F, at most 1: below 1 a
+softer ground the feet sink deeper into), ``soft-contact`` (MuJoCo's soft normal contact, time constant 0.02 s),
 ``no-joint-limits``. Variants join with ``+`` (``soft-contact+friction-x0.5``).
 
 Usage::
@@ -104,7 +105,8 @@ _BCG_FIXED: dict[str, Callable[[Any], Any]] = {
     "bcg": lambda model: model, "soft-contact": lambda model: model.with_params(soft_timeconst=0.02),
     "no-joint-limits": lambda model: model.without_joint_limits()}
 _BCG_SCALED: dict[str, Callable[[Any, float], Any]] = {
-    "friction-x": lambda model, f: model.with_params(mu=model.params.mu * f)}
+    "friction-x": lambda model, f: model.with_params(mu=model.params.mu * f),
+    "beta-x": lambda model, f: model.with_params(beta=min(1.0, model.params.beta * f))}
 
 
 def _change(variant: str, fixed: dict[str, Callable[[Any], Any]],

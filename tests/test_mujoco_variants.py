@@ -67,6 +67,8 @@ def test_variants_of_our_simulator_change_its_model():
     model = load_model()
     assert variants.bcg_change("bcg")(model) is model
     assert variants.bcg_change("friction-x0.5")(model).params.mu == pytest.approx(0.5 * model.params.mu)
+    assert variants.bcg_change("beta-x0.2")(model).params.beta == pytest.approx(0.2 * model.params.beta)
+    assert variants.bcg_change("beta-x5")(model).params.beta == 1.0  # a Baumgarte factor above 1 would overshoot
     joined = variants.bcg_change("soft-contact+friction-x2")(model)
     assert joined.params.soft_timeconst == 0.02 and joined.params.mu == pytest.approx(2 * model.params.mu)
     assert not variants.bcg_change("no-joint-limits")(model).dof_limited.any() and model.dof_limited.any()
