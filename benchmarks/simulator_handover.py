@@ -11,7 +11,8 @@ reaches survive MuJoCo?).
 The protocol is ``bcg evaluate``'s (start phases x seeds, each episode to a fall, the clip's end or ``--seconds``);
 every episode hands over at the same time after its own start. ``--after inf`` is the first simulator throughout,
 ``--after 0`` the second. ``--trace E`` prints, for episode E, the torso's and both feet's heading error against the
-reference and the feet's heights around the first handover time, in the first simulator alone and handed over.
+reference, the feet's heights and which of their spheres touch the ground around the first handover time, in the
+first simulator alone and handed over.
 
 Usage::
 
@@ -116,15 +117,26 @@ def headings(qpos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return yaw, z
 
 
+def touching(penetration: np.ndarray) -> str:
+    """``"HT/HT"``-style summary of which foot spheres touch the ground, left foot first, from one step's
+    penetrations [8] (:data:`bcg.robots.g1.FOOT_SPHERES` order: per foot heel +y, heel -y, toe +y, toe -y): ``H`` /
+    ``h`` both / one heel sphere, ``T`` / ``t`` both / one toe sphere, ``-`` a foot off the ground."""
+    def foot(p: np.ndarray) -> str:
+        heel, toe = int((p[:2] > 0).sum()), int((p[2:] > 0).sum())
+        return ("", "h", "H")[heel] + ("", "t", "T")[toe] or "-"
+    return f"{foot(penetration[:4])}/{foot(penetration[4:])}"
+
+
 def trace(alone: Rollout, handed: Rollout, reference_qpos: np.ndarray, episode: int, after_s: float,
           window_s: float = 1.6) -> list[str]:
-    """Table rows every 0.1 s from ``after_s - 0.1`` to ``after_s + window_s`` of ``episode``: the heading errors
-    [deg] of the torso and the feet against the reference, and the feet's heights [cm], in both rollouts."""
+    """Table rows every 0.1 s from ``after_s - 0.1`` to ``after_s + window_s`` of ``episode``, in both rollouts: the
+    heading errors [deg] of the torso and the feet against the reference, the feet's heights [cm] (their ankle
+    bodies' origins) and which of their spheres touch the ground (:func:`touching`)."""
     dt = alone.control_dt
-    t0 = max(0, handover_steps(after_s, dt) - 5)
+    t0 = max(1, handover_steps(after_s, dt) - 5)
     steps = range(t0, t0 + int(round((window_s + 0.1) / dt)) + 1, 5)
     rows = ["| clip time [s] | " + " | ".join(
-        f"{who}: torso / left foot / right foot heading error [deg], foot heights [cm]" for who in
+        f"{who}: torso / left foot / right foot heading error [deg], foot heights [cm], touching" for who in
         ("alone", "handed over")) + " |", "|---|---|---|"]
     cols = []
     for r in (alone, handed):
@@ -134,8 +146,10 @@ def trace(alone: Rollout, handed: Rollout, reference_qpos: np.ndarray, episode: 
         yaw, z = headings(r.qpos[ts, episode])
         ref_yaw, _ = headings(reference_qpos[frames])
         err = np.degrees(np.angle(np.exp(1j * (yaw - ref_yaw))))
+        # qpos[t] is the state after control step t, whose penetrations are row t - 1
         cols.append({t: f"{err[i, 0]:+.0f} / {err[i, 1]:+.0f} / {err[i, 2]:+.0f}, {100 * z[i, 1]:.1f} / "
-                        f"{100 * z[i, 2]:.1f}" for i, t in enumerate(ts)})
+                        f"{100 * z[i, 2]:.1f}, {touching(r.penetration[t - 1, episode])}"
+                     for i, t in enumerate(ts)})
     start = float(alone.start_frame[episode] * dt)
     for t in steps:
         if t not in cols[0] and t not in cols[1]:

@@ -54,6 +54,12 @@ def test_the_handed_over_episode_continues_from_the_state_it_reached(first):
     assert step[5] < 3 * step[:5].max()  # no jump back to a start state at the handover
 
 
+def test_touching_names_the_spheres_on_the_ground_per_foot():
+    # per foot: heel +y, heel -y, toe +y, toe -y (left foot first); positive penetration touches
+    assert handover.touching(np.array([1, 1, 1, 1, -1, -1, -1, -1]) * 1e-3) == "HT/-"
+    assert handover.touching(np.array([0, 1, -1, 1, -1, -1, 2, 2]) * 1e-3) == "ht/T"
+
+
 def test_the_script_prints_and_writes_one_row_per_handover_time(tmp_path, capsys):
     out = tmp_path / "h.json"
     assert handover.main(["reference", "--motion", "jump", "--phases", "2", "--seeds", "0", "--seconds", "0.2",
@@ -65,8 +71,10 @@ def test_the_script_prints_and_writes_one_row_per_handover_time(tmp_path, capsys
     text = capsys.readouterr().out
     assert "| never (MuJoCo throughout) | 0 of 2 |" in text
     assert "episode 1: MuJoCo alone against handed over to ours at 0.1 s" in text
-    # the trace: from 0.1 s before the handover (7.5 s into the clip) every 0.1 s to the episode's end
-    assert "| 7.50 |" in text and "| 7.70 |" in text and "| 7.80 |" not in text
+    # the trace: from the first step (0.1 s before the handover, 7.5 s into the clip) every 0.1 s to the end
+    assert "| 7.52 |" in text and "| 7.62 |" in text and "| 7.72 |" not in text
+    # the reference replay stands on both feet, all of their spheres down
+    assert "HT/HT |" in text
 
 
 def test_bad_arguments_are_refused_in_one_line():
