@@ -21,7 +21,8 @@ MuJoCo variants (``--variants``; the default runs them all):
 
 Variants of our simulator (``--simulator bcg``): ``bcg`` (as ``bcg evaluate`` runs it), ``friction-xF`` (the ground
 friction coefficient scaled by F), ``beta-xF`` (the contacts' Baumgarte factor scaled by F, at most 1: below 1 a
-softer ground the feet sink deeper into), ``soft-contact`` (MuJoCo's soft normal contact, time constant 0.02 s),
+softer ground the feet sink deeper into), ``kappa-xF`` (the contact activation's stiffness kappa scaled by F: above
+1 a sharper contact, a sphere above the ground takes less part), ``soft-contact`` (MuJoCo's soft normal contact, time constant 0.02 s),
 ``no-joint-limits``. Variants join with ``+`` (``soft-contact+friction-x0.5``).
 
 Usage::
@@ -106,7 +107,8 @@ _BCG_FIXED: dict[str, Callable[[Any], Any]] = {
     "no-joint-limits": lambda model: model.without_joint_limits()}
 _BCG_SCALED: dict[str, Callable[[Any, float], Any]] = {
     "friction-x": lambda model, f: model.with_params(mu=model.params.mu * f),
-    "beta-x": lambda model, f: model.with_params(beta=min(1.0, model.params.beta * f))}
+    "beta-x": lambda model, f: model.with_params(beta=min(1.0, model.params.beta * f)),
+    "kappa-x": lambda model, f: model.with_params(kappa=model.params.kappa * f)}
 
 
 def _change(variant: str, fixed: dict[str, Callable[[Any], Any]],
