@@ -180,6 +180,8 @@ SHORTMOVE14_DEFAULT_3600 = ("endcrtlr60-bcg-shortmove14-s0", "endcrtlr60-bcg-sho
 previous default's runs)."""
 RUN_DEFAULT_700 = ("endcrtlr12-bcg-run-s0", "endcrtlr12-bcg-run-s1")
 """The run clip with today's default for 700 s on the faster machine, seeds 0 and 1."""
+RUN_DEFAULT_1200 = ("d20-bcg-run-s0", "d20-bcg-run-s1")
+"""The run clip with today's default for 1200 s on the slower machine, one run at a time, seeds 0 and 1."""
 FIGHT_DEFAULT_1200 = ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")
 """The fight with today's default for 1200 s on the faster machine, seeds 0 and 1."""
 FIGHT_DEFAULT_700 = ("endcrtlr12-bcg-fight-s0", "endcrtlr12-bcg-fight-s1")
@@ -188,7 +190,8 @@ DANCE_DEFAULT_1200 = ("endcrtlr20-bcg-dance-s0", "endcrtlr20-bcg-dance-s1")
 """The dance with today's default for 1200 s on the faster machine, seeds 0 and 1."""
 
 DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("run (700 s)", RUN_DEFAULT_700),
+    ("run (1200 s, one run at a time)", RUN_DEFAULT_1200),
+    ("run (700 s on the faster machine)", RUN_DEFAULT_700),
     ("run (1200 s), previous default", ("def20-bcg-run-credit-s0", "def20-bcg-run-credit-s1")),
     ("run (1200 s), previous default, retrained with the code of its time", RUN_PREVIOUS_1200),
     ("run (1200 s), earlier default", RUN_EARLIER_1200),
@@ -302,6 +305,7 @@ DEFAULT_CHANGE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (1200 s), previous default", RUN_PREVIOUS_1200),
     ("run (700 s on the faster machine: fewer iterations than the previous default's 1200 s), today's default",
      RUN_DEFAULT_700),
+    ("run (1200 s, one run at a time), today's default", RUN_DEFAULT_1200),
     ("fight (1200 s), previous default", FIGHT_PREVIOUS_1200),
     ("fight (1200 s on the faster machine), today's default", FIGHT_DEFAULT_1200),
     ("fight (700 s on the faster machine: the iterations of 1200 s on the slower one), today's default",
