@@ -67,7 +67,8 @@ CURVE_FIGURES: tuple[tuple[str, tuple[str, ...]], ...] = (
                                            "def60-bcg-jazzwalk-credit-s0", "def60-bcg-jazzwalk-credit-s1")),
     ("mujoco_curves_spinkarate.png", ("def60-bcg-spinkarate-credit-s0", "def60-bcg-spinkarate-credit-s1",
                                       "def120-bcg-spinkarate-credit-s0", "hd120-bcg-spinkarate-crtlr-s0",
-                                      "hd120-bcg-spinkarate-crtlr-s1")),
+                                      "hd120-bcg-spinkarate-crtlr-s1", "solo60-bcg-spinkarate-s0",
+                                      "solo60-bcg-spinkarate-s1")),
 )
 """docs/shac.md's curve figures: (file under docs/img, runs; empty: all)."""
 
