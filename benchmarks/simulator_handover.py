@@ -12,12 +12,13 @@ The protocol is ``bcg evaluate``'s (start phases x seeds, each episode to a fall
 every episode hands over at the same time after its own start. ``--after inf`` is the first simulator throughout,
 ``--after 0`` the second. ``--trace E`` prints, for episode E, the torso's and both feet's heading error against the
 reference, the feet's heights and which of their spheres touch the ground around the first handover time, in the
-first simulator alone and handed over.
+first simulator alone and handed over; with ``--open-loop`` the handed-over episode plays the actions the first
+simulator's own replay took, so the two continuations from the same state differ in their dynamics alone.
 
 Usage::
 
     python benchmarks/simulator_handover.py RUN [--motion CLIP] [--first mujoco|bcg] [--after 0 2 3.2 4 inf]
-        [--phases 4 --seeds 0 1] [--seconds S] [--trace E] [--out handover.json]
+        [--phases 4 --seeds 0 1] [--seconds S] [--trace E [--open-loop]] [--out handover.json]
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any
 
 import mujoco
 import numpy as np
+import torch
 
 from bcg.evaluation.evaluate_cli import load_source
 from bcg.evaluation.mujoco_loop import MujocoLoop
@@ -89,6 +91,31 @@ def replay_with_handover(policy: Any, motion: Any, options: TransferOptions, env
 
     return replay(policy, motion, options, simulator=first, env_kwargs=env_kwargs,
                   transition_wrapper=lambda fn: HandoverTransition(fn, make_second, after_s))
+
+
+class RecordedActions:
+    """A policy for :func:`replay` that records the raw actions [E, 29] of ``policy`` at every control step
+    (``actions``) or, given ``play``, returns those recorded actions step by step (open loop) for as long as they
+    last, and ``policy``'s own after. Played back in a handover replay, the two simulators' continuations from the
+    handed-over state differ in their dynamics alone, not in how the policy answers them."""
+
+    def __init__(self, policy: Any, play: list[torch.Tensor] | None = None):
+        self.policy, self.play = policy, play
+        self.actions: list[torch.Tensor] = []
+
+    def bind(self, env: Any) -> Callable[[torch.Tensor], torch.Tensor]:
+        own = self.policy.bind(env) if hasattr(self.policy, "bind") else self.policy
+        step = iter(range(2**62))
+
+        def act(obs: torch.Tensor) -> torch.Tensor:
+            t = next(step)
+            if self.play is not None and t < len(self.play):
+                return self.play[t]
+            a = torch.as_tensor(own(obs))
+            if self.play is None:
+                self.actions.append(a.detach().clone())
+            return a
+        return act
 
 
 def summary(r: Rollout, phases: int, after_s: float) -> dict[str, Any]:
@@ -170,8 +197,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seconds", type=float, default=None, help="episode length cap [s] (default: to the clip's end)")
     ap.add_argument("--trace", type=int, default=None, help="episode whose headings to print around the first "
                                                             "finite --after time")
+    ap.add_argument("--open-loop", action="store_true",
+                    help="--trace: after the handover, play the actions the first simulator's own replay took, so "
+                         "that the two continuations differ in their dynamics alone")
     ap.add_argument("--out", type=Path, default=None, help="also write the rows as JSON")
     args = ap.parse_args(argv)
+    if args.open_loop and args.trace is None:
+        ap.error("--open-loop changes the trace: give --trace EPISODE too")
     for h in args.after:
         try:
             handover_steps(h, 1.0)
@@ -200,13 +232,18 @@ def main(argv: list[str] | None = None) -> int:
         finite = [h for h in args.after if math.isfinite(h) and h > 0]
         if not finite:
             ap.error("--trace needs a finite handover time > 0 in --after")
-        alone = rollouts[math.inf] if math.inf in rollouts else replay_with_handover(
-            policy, motion, options, env_kwargs, first=args.first, after_s=math.inf)
+        recorder = RecordedActions(policy)
+        alone = replay_with_handover(recorder, motion, options, env_kwargs, first=args.first, after_s=math.inf)
+        handed = rollouts[finite[0]]
+        if args.open_loop:
+            handed = replay_with_handover(RecordedActions(policy, play=recorder.actions), motion, options,
+                                          env_kwargs, first=args.first, after_s=finite[0])
         ref = make_env(motion, 1, simulator="bcg", **{**env_kwargs, **options.dynamics.chosen()})
         reference_qpos = ref.motion.qpos.double().cpu().numpy()
         ref.close()
-        print(f"\nepisode {args.trace}: {first} alone against handed over to {second} at {finite[0]:g} s")
-        print("\n".join(trace(alone, rollouts[finite[0]], reference_qpos, args.trace, finite[0])))
+        how = f" with {first}'s own actions (open loop)" if args.open_loop else ""
+        print(f"\nepisode {args.trace}: {first} alone against handed over to {second} at {finite[0]:g} s{how}")
+        print("\n".join(trace(alone, handed, reference_qpos, args.trace, finite[0])))
     if args.out is not None:
         args.out.write_text(json.dumps({"source": label, "first": args.first, "phases": options.phases,
                                         "seeds": list(options.seeds), "seconds": options.seconds, "rows": rows},

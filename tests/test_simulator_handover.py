@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import torch
 from conftest import load_script
 
 from bcg.evaluation.mujoco_transfer import ReferenceReplayPolicy
@@ -52,6 +53,30 @@ def test_the_handed_over_episode_continues_from_the_state_it_reached(first):
     assert not np.array_equal(handed[6:], alone[6:])
     step = np.abs(np.diff(handed[:, :, 7:], axis=0)).max(axis=(1, 2))  # joint motion per control step [rad]
     assert step[5] < 3 * step[:5].max()  # no jump back to a start state at the handover
+
+
+def test_recorded_actions_play_back_then_hand_back_to_the_policy():
+    obs = torch.zeros(3, 5)
+    steps = iter(range(100))
+
+    def policy(o):  # a different action at every call
+        return torch.full((o.shape[0], 2), float(next(steps)))
+
+    rec = handover.RecordedActions(policy)
+    act = rec.bind(env=None)
+    first = [act(obs) for _ in range(3)]
+    assert [float(a[0, 0]) for a in rec.actions] == [0.0, 1.0, 2.0] and torch.equal(rec.actions[1], first[1])
+    played = handover.RecordedActions(policy, play=rec.actions).bind(env=None)
+    out = [float(played(obs)[0, 0]) for _ in range(5)]
+    assert out == [0.0, 1.0, 2.0, 3.0, 4.0]  # the three recorded, then the policy's own (its next calls)
+
+
+def test_open_loop_plays_the_first_simulators_actions_after_the_handover(capsys):
+    assert handover.main(["reference", "--motion", "jump", "--phases", "2", "--seeds", "0", "--seconds", "0.2",
+                          "--after", "0.1", "--trace", "0", "--open-loop"]) == 0
+    assert "at 0.1 s with MuJoCo's own actions (open loop)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        handover.main(["reference", "--motion", "jump", "--open-loop"])
 
 
 def test_touching_names_the_spheres_on_the_ground_per_foot():
