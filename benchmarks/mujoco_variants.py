@@ -16,14 +16,18 @@ MuJoCo variants (``--variants``; the default runs them all):
 * ``noslip``: MuJoCo's no-slip solver after the main one (10 iterations), which removes the slow creep of a loaded
   contact that MuJoCo's soft friction otherwise lets slide (ours holds a contact inside its friction cone);
 * ``friction-xF``: the sliding friction coefficient scaled by F (e.g. ``friction-x0.5``, ``friction-x2``);
+* ``damping-xF``: the contacts' damping ratio (solref[1], 1) scaled by F: above 1 an overdamped contact that gives
+  back less of a landing or a push-off;
+* ``impedance-xF``: the contacts' impedance (solimp d_0 and d_width, 0.9 and 0.95) scaled by F (kept below 1): below
+  1 each contact resolves a smaller share of the motion into it, a softer and less springy ground;
 * ``ankle-torque-xF`` / ``torque-xF``: the ankles' / every actuator's torque limit scaled by F;
 * ``no-joint-limits``: every joint limit removed.
 
 Variants of our simulator (``--simulator bcg``): ``bcg`` (as ``bcg evaluate`` runs it), ``friction-xF`` (the ground
 friction coefficient scaled by F), ``beta-xF`` (the contacts' Baumgarte factor scaled by F, at most 1: below 1 a
 softer ground the feet sink deeper into), ``kappa-xF`` (the contact activation's stiffness kappa scaled by F: above
-1 a sharper contact, a sphere above the ground takes less part), ``soft-contact`` (MuJoCo's soft normal contact, time constant 0.02 s),
-``no-joint-limits``. Variants join with ``+`` (``soft-contact+friction-x0.5``).
+1 a sharper contact, a sphere above the ground takes less part), ``soft-contact`` (MuJoCo's soft normal contact,
+time constant 0.02 s), ``no-joint-limits``. Variants join with ``+`` (``soft-contact+friction-x0.5``).
 
 Usage::
 
@@ -91,6 +95,16 @@ def _no_joint_limits(m: Any) -> Any:
     return m
 
 
+def _scale_damping(m: Any, factor: float) -> Any:
+    m.geom_solref[:, 1] *= factor
+    return m
+
+
+def _scale_impedance(m: Any, factor: float) -> Any:
+    m.geom_solimp[:, :2] = np.clip(m.geom_solimp[:, :2] * factor, 1e-4, 0.9999)
+    return m
+
+
 def _scale_friction(m: Any, factor: float) -> Any:
     m.geom_friction[:, 0] *= factor
     return m
@@ -100,7 +114,8 @@ _MUJOCO_FIXED: dict[str, Callable[[Any], Any]] = {
     "mujoco": lambda m: m, "stiff-contact": _stiff_contact, "torsional-friction": _torsional_friction,
     "elliptic-cones": _elliptic_cones, "noslip": _noslip, "no-joint-limits": _no_joint_limits}
 _MUJOCO_SCALED: dict[str, Callable[[Any, float], Any]] = {
-    "friction-x": _scale_friction, "ankle-torque-x": lambda m, f: _scale_torque(m, f, "ankle"),
+    "friction-x": _scale_friction, "damping-x": _scale_damping, "impedance-x": _scale_impedance,
+    "ankle-torque-x": lambda m, f: _scale_torque(m, f, "ankle"),
     "torque-x": _scale_torque}
 _BCG_FIXED: dict[str, Callable[[Any], Any]] = {
     "bcg": lambda model: model, "soft-contact": lambda model: model.with_params(soft_timeconst=0.02),

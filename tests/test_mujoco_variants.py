@@ -14,7 +14,8 @@ from bcg.evaluation.mujoco_loop import MujocoLoop
 
 variants = load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "mujoco_variants.py")
 
-FIELDS = ("geom_solref", "geom_condim", "geom_friction", "jnt_limited", "jnt_actfrcrange", "actuator_forcerange")
+FIELDS = ("geom_solref", "geom_solimp", "geom_condim", "geom_friction", "jnt_limited", "jnt_actfrcrange",
+          "actuator_forcerange")
 
 
 def _changed(variant: str) -> dict[str, np.ndarray]:
@@ -30,6 +31,11 @@ def test_each_variant_changes_only_its_part_of_the_model():
     assert set(_changed("stiff-contact")) == {"geom_solref"}
     assert set(_changed("torsional-friction")) == {"geom_condim", "geom_friction"}
     assert set(_changed("no-joint-limits")) == {"jnt_limited"}
+    assert set(_changed("damping-x2")) == {"geom_solref"} and not _changed("damping-x2")["geom_solref"][:, 0].any()
+    model = MujocoLoop(1).model
+    variants.model_change("impedance-x0.6")(model)
+    assert np.allclose(model.geom_solimp[:, :2], [0.54, 0.57]) and np.allclose(model.geom_solimp[:, 2], 0.001)
+    assert np.allclose(variants.model_change("impedance-x2")(MujocoLoop(1).model).geom_solimp[:, :2], 0.9999)
     friction = _changed("friction-x2")
     assert set(friction) == {"geom_friction"} and friction["geom_friction"][:, 0].all()
     assert not friction["geom_friction"][:, 1:].any()
