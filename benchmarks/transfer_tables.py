@@ -173,6 +173,11 @@ JUMP_DEFAULT_3600 = ("endcrtlr60-bcg-jump-s0", "endcrtlr60-bcg-jump-s1")
 """The jump with today's default for 3600 s, seeds 0 and 1."""
 JAZZWALK_DEFAULT_3600 = ("endcrtlr60-bcg-jazzwalk-s0", "endcrtlr60-bcg-jazzwalk-s1")
 """JazzWalk with today's default for 3600 s, seeds 0 and 1."""
+HANDSUP_PREVIOUS_3600 = ("def60-bcg-handsup-s0", "def60-bcg-handsup-s1")
+"""HandsUp with the previous default for 3600 s, seeds 0 and 1."""
+HANDSUP_DEFAULT_1200 = ("d20-bcg-handsup-s0", "d20-bcg-handsup-s1")
+"""HandsUp (a real clip never used while tuning) with today's default for 1200 s on the slower machine, one run at a
+time, seeds 0 and 1."""
 SHORTMOVE14_PREVIOUS_3600 = ("def60-bcg-shortmove14-s0", "def60-bcg-shortmove14-s1")
 """ShortMove14 (a real clip never used while tuning) with the previous default for 3600 s, seeds 0 and 1."""
 SHORTMOVE14_DEFAULT_3600 = ("endcrtlr60-bcg-shortmove14-s0", "endcrtlr60-bcg-shortmove14-s1")
@@ -213,8 +218,8 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("J_ShortDance16_JazzWalk, G1 Moves (1200 s), earlier default", ("ts-bcg-jazzwalk-s0",)),
     ("M_ShortMove14, G1 Moves, 6.5 s, not tuned on (3600 s)", SHORTMOVE14_DEFAULT_3600),
     ("M_ShortMove14, G1 Moves, 6.5 s, not tuned on (3600 s), previous default", SHORTMOVE14_PREVIOUS_3600),
-    ("B_HandsUp, G1 Moves, 7.4 s, not tuned on (3600 s), previous default",
-     ("def60-bcg-handsup-s0", "def60-bcg-handsup-s1")),
+    ("B_HandsUp, G1 Moves, 7.4 s, not tuned on (1200 s, one run at a time)", HANDSUP_DEFAULT_1200),
+    ("B_HandsUp, G1 Moves, 7.4 s, not tuned on (3600 s), previous default", HANDSUP_PREVIOUS_3600),
     ("B_SpinKarate, G1 Moves, 25.6 s (3600 s, one run at a time)", SPINKARATE_DEFAULT_3600_ALONE),
     ("B_SpinKarate, G1 Moves, 25.6 s (3600 s, two runs at a time)", SPINKARATE_DEFAULT_3600_SLOWER),
     ("B_SpinKarate, G1 Moves, 25.6 s (3600 s on the faster machine)", SPINKARATE_DEFAULT_3600),
@@ -302,6 +307,8 @@ DEFAULT_CHANGE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("J_ShortDance16_JazzWalk (3600 s), today's default", JAZZWALK_DEFAULT_3600),
     ("M_ShortMove14, not tuned on (3600 s), previous default", SHORTMOVE14_PREVIOUS_3600),
     ("M_ShortMove14, not tuned on (3600 s), today's default", SHORTMOVE14_DEFAULT_3600),
+    ("B_HandsUp, not tuned on (3600 s), previous default", HANDSUP_PREVIOUS_3600),
+    ("B_HandsUp, not tuned on (1200 s, one run at a time), today's default", HANDSUP_DEFAULT_1200),
     ("run (1200 s), previous default", RUN_PREVIOUS_1200),
     ("run (700 s on the faster machine: fewer iterations than the previous default's 1200 s), today's default",
      RUN_DEFAULT_700),
