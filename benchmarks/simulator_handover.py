@@ -95,12 +95,16 @@ def replay_with_handover(policy: Any, motion: Any, options: TransferOptions, env
 
 class RecordedActions:
     """A policy for :func:`replay` that records the raw actions [E, 29] of ``policy`` at every control step
-    (``actions``) or, given ``play``, returns those recorded actions step by step (open loop) for as long as they
-    last, and ``policy``'s own after. Played back in a handover replay, the two simulators' continuations from the
-    handed-over state differ in their dynamics alone, not in how the policy answers them."""
+    (``actions``) or, given ``play`` and ``lengths`` (the control steps each episode of the recorded replay lasted,
+    [E]), returns the recorded actions of each episode for as long as it lasted there (open loop) and ``policy``'s
+    own after. Played back in a handover replay, the two simulators' continuations from the handed-over state differ
+    in their dynamics alone, not in how the policy answers them."""
 
-    def __init__(self, policy: Any, play: list[torch.Tensor] | None = None):
+    def __init__(self, policy: Any, play: list[torch.Tensor] | None = None, lengths: np.ndarray | None = None):
+        if (play is None) != (lengths is None):
+            raise ValueError("RecordedActions plays back recorded actions and their episodes' lengths together")
         self.policy, self.play = policy, play
+        self.lengths = None if lengths is None else torch.as_tensor(np.asarray(lengths))
         self.actions: list[torch.Tensor] = []
 
     def bind(self, env: Any) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -109,11 +113,12 @@ class RecordedActions:
 
         def act(obs: torch.Tensor) -> torch.Tensor:
             t = next(step)
-            if self.play is not None and t < len(self.play):
-                return self.play[t]
             a = torch.as_tensor(own(obs))
             if self.play is None:
                 self.actions.append(a.detach().clone())
+            elif t < len(self.play):
+                recorded = (t < self.lengths).to(a.device)  # the episode still ran at step t of the recording
+                a = torch.where(recorded[:, None], self.play[t].to(a), a)
             return a
         return act
 
@@ -236,8 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         alone = replay_with_handover(recorder, motion, options, env_kwargs, first=args.first, after_s=math.inf)
         handed = rollouts[finite[0]]
         if args.open_loop:
-            handed = replay_with_handover(RecordedActions(policy, play=recorder.actions), motion, options,
-                                          env_kwargs, first=args.first, after_s=finite[0])
+            handed = replay_with_handover(RecordedActions(policy, play=recorder.actions, lengths=alone.length),
+                                          motion, options, env_kwargs, first=args.first, after_s=finite[0])
         ref = make_env(motion, 1, simulator="bcg", **{**env_kwargs, **options.dynamics.chosen()})
         reference_qpos = ref.motion.qpos.double().cpu().numpy()
         ref.close()

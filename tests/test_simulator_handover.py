@@ -55,20 +55,23 @@ def test_the_handed_over_episode_continues_from_the_state_it_reached(first):
     assert step[5] < 3 * step[:5].max()  # no jump back to a start state at the handover
 
 
-def test_recorded_actions_play_back_then_hand_back_to_the_policy():
-    obs = torch.zeros(3, 5)
+def test_recorded_actions_play_back_each_episode_for_as_long_as_it_lasted():
+    obs = torch.zeros(2, 5)
     steps = iter(range(100))
 
     def policy(o):  # a different action at every call
-        return torch.full((o.shape[0], 2), float(next(steps)))
+        return torch.full((o.shape[0], 1), float(next(steps)))
 
     rec = handover.RecordedActions(policy)
     act = rec.bind(env=None)
     first = [act(obs) for _ in range(3)]
     assert [float(a[0, 0]) for a in rec.actions] == [0.0, 1.0, 2.0] and torch.equal(rec.actions[1], first[1])
-    played = handover.RecordedActions(policy, play=rec.actions).bind(env=None)
-    out = [float(played(obs)[0, 0]) for _ in range(5)]
-    assert out == [0.0, 1.0, 2.0, 3.0, 4.0]  # the three recorded, then the policy's own (its next calls)
+    # episode 0 lasted 3 steps in the recording, episode 1 only 1: after that each gets the policy's own actions
+    played = handover.RecordedActions(policy, play=rec.actions, lengths=np.array([3, 1])).bind(env=None)
+    out = [played(obs)[:, 0].tolist() for _ in range(4)]
+    assert out == [[0.0, 0.0], [1.0, 4.0], [2.0, 5.0], [6.0, 6.0]]
+    with pytest.raises(ValueError, match="together"):
+        handover.RecordedActions(policy, play=rec.actions)
 
 
 def test_open_loop_plays_the_first_simulators_actions_after_the_handover(capsys):
