@@ -187,6 +187,9 @@ RUN_DEFAULT_700 = ("endcrtlr12-bcg-run-s0", "endcrtlr12-bcg-run-s1")
 """The run clip with today's default for 700 s on the faster machine, seeds 0 and 1."""
 RUN_DEFAULT_1200 = ("d20-bcg-run-s0", "d20-bcg-run-s1")
 """The run clip with today's default for 1200 s on the slower machine, one run at a time, seeds 0 and 1."""
+RUN_DEFAULT_3600 = ("d60-bcg-run-s0",)
+"""The run clip with today's default for 3600 s on the slower machine, one run at a time, seed 0 (the seed whose
+earlier-default hour drifted off the reference's path)."""
 FIGHT_DEFAULT_1200 = ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")
 """The fight with today's default for 1200 s on the faster machine, seeds 0 and 1."""
 FIGHT_DEFAULT_700 = ("endcrtlr12-bcg-fight-s0", "endcrtlr12-bcg-fight-s1")
@@ -196,6 +199,7 @@ DANCE_DEFAULT_1200 = ("endcrtlr20-bcg-dance-s0", "endcrtlr20-bcg-dance-s1")
 
 DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("run (1200 s, one run at a time)", RUN_DEFAULT_1200),
+    ("run (3600 s, one run at a time)", RUN_DEFAULT_3600),
     ("run (700 s on the faster machine)", RUN_DEFAULT_700),
     ("run (1200 s), previous default", ("def20-bcg-run-credit-s0", "def20-bcg-run-credit-s1")),
     ("run (1200 s), previous default, retrained with the code of its time", RUN_PREVIOUS_1200),
