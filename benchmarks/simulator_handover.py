@@ -24,6 +24,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 from collections.abc import Callable
@@ -35,9 +36,9 @@ import numpy as np
 import torch
 
 from bcg.evaluation.evaluate_cli import load_source
-from bcg.evaluation.mujoco_loop import MujocoLoop
 from bcg.evaluation.mujoco_transfer import MujocoTransition, Rollout, make_env, replay
 from bcg.evaluation.transfer_protocol import TransferOptions
+from bcg.robots import g1
 
 TRACE_BODIES = ("torso_link", "left_ankle_roll_link", "right_ankle_roll_link")
 """The bodies whose heading (and, for the feet, height) ``--trace`` prints."""
@@ -58,11 +59,14 @@ class HandoverTransition:
         handover_steps(after_s, 1.0)  # refuse a negative time before any replay
         self.first, self.make_second, self.after_s = first, make_second, after_s
         self.second: Callable[..., Any] | None = None
+        self.steps: int | None = None  # from the model's control step, at the first call
         self.calls = 0
 
     def __call__(self, model: Any, *args: Any, **kwargs: Any) -> Any:
         self.calls += 1
-        if self.calls <= handover_steps(self.after_s, model.params.substeps * model.params.dt):
+        if self.steps is None:
+            self.steps = handover_steps(self.after_s, model.params.substeps * model.params.dt)
+        if self.calls <= self.steps:
             return self.first(model, *args, **kwargs)
         if self.second is None:
             self.second = self.make_second(model)
@@ -109,7 +113,7 @@ class RecordedActions:
 
     def bind(self, env: Any) -> Callable[[torch.Tensor], torch.Tensor]:
         own = self.policy.bind(env) if hasattr(self.policy, "bind") else self.policy
-        step = iter(range(2**62))
+        step = itertools.count()
 
         def act(obs: torch.Tensor) -> torch.Tensor:
             t = next(step)
@@ -136,7 +140,7 @@ def summary(r: Rollout, phases: int, after_s: float) -> dict[str, Any]:
 
 def headings(qpos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Heading [T, 3] (rad) and height [T, 3] (m) of :data:`TRACE_BODIES` for robot positions qpos [T, nq]."""
-    model = MujocoLoop(1).model
+    model = mujoco.MjModel.from_xml_path(str(g1.SCENE_PATH))
     data = mujoco.MjData(model)
     ids = [mujoco.mj_name2id(model, mujoco.mjtObj.mjOBJ_BODY, b) for b in TRACE_BODIES]
     yaw, z = np.zeros((len(qpos), len(ids))), np.zeros((len(qpos), len(ids)))
@@ -224,8 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     print("| H [s] | falls | falls per start phase | episode ends [s of the clip; F: fell] |")
     print("|---|---|---|---|")
     rows, rollouts = [], {}
+    recorder = RecordedActions(policy)  # the first simulator alone records its actions (for --open-loop)
     for h in args.after:
-        r = replay_with_handover(policy, motion, options, env_kwargs, first=args.first, after_s=h)
+        r = replay_with_handover(recorder if math.isinf(h) else policy, motion, options, env_kwargs,
+                                 first=args.first, after_s=h)
         rollouts[h] = r
         row = summary(r, options.phases, h)
         rows.append(row)
@@ -237,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         finite = [h for h in args.after if math.isfinite(h) and h > 0]
         if not finite:
             ap.error("--trace needs a finite handover time > 0 in --after")
-        recorder = RecordedActions(policy)
-        alone = replay_with_handover(recorder, motion, options, env_kwargs, first=args.first, after_s=math.inf)
+        alone = rollouts[math.inf] if math.inf in rollouts else replay_with_handover(
+            recorder, motion, options, env_kwargs, first=args.first, after_s=math.inf)
         handed = rollouts[finite[0]]
         if args.open_loop:
             handed = replay_with_handover(RecordedActions(policy, play=recorder.actions, lengths=alone.length),
