@@ -1,5 +1,5 @@
-"""Contact against C MuJoCo: standing (10 s), a 5 cm drop, a 0.5 m/s sideways slide and a 2 rad/s spin, bcg at
-several kappa.
+"""Contact against C MuJoCo: standing (10 s), a 5 cm drop, a 0.5 m/s sideways slide, a 2 rad/s spin and a jump's
+push-off, bcg at several kappa and with MuJoCo's PD law.
 
 Runs every scenario of :mod:`bcg.evaluation.contact_scenarios` in MuJoCo (its own contacts, 5 ms) and in bcg.sim at
 each ``--kappa`` (N = 1, CPU), prints a table of the compared metrics (the quantities
@@ -7,7 +7,9 @@ each ``--kappa`` (N = 1, CPU), prints a table of the compared metrics (the quant
 (``docs/img/contact_vs_mujoco.png`` or ``--out``): pelvis height on top; below it the mean foot-sphere penetration
 (stand), the deepest sphere's penetration (drop) and the horizontal distance moved by the feet and the pelvis
 (slide); a fourth column shows the standing drift (pelvis x) and the feet's creep, a fifth the heading turned by the
-pelvis (top) and the feet (below) in the spin.
+pelvis (top) and the feet (below) in the spin, a sixth the centre of mass's height (top) and vertical velocity
+(below) in the push-off. The last row is bcg at the default kappa with the PD law's position term at the start of
+the substep, as MuJoCo's position actuators read it (``pd_lookahead=False``, docs/simulator.md).
 
 Usage::
 
@@ -23,17 +25,29 @@ from pathlib import Path
 
 import numpy as np
 
-from bcg.evaluation.contact_scenarios import DROP, SLIDE, SPIN, STAND, ContactTrace, metrics, run_bcg, run_mujoco
+from bcg.evaluation.contact_scenarios import (
+    DROP,
+    PUSH,
+    SLIDE,
+    SPIN,
+    STAND,
+    ContactTrace,
+    metrics,
+    run_bcg,
+    run_mujoco,
+)
 
 # metric -> (column header, scale to the printed unit)
 _UNITS = {"penetration": ("mm", 1e3), "pelvis_z": ("m", 1.0), "height": ("m", 1.0), "pelvis": ("mm", 1e3),
           "drift": ("mm", 1e3), "feet": ("mm", 1e3), "creep": ("mm/s", 1e3), "time": ("s", 1.0),
-          "impulse": ("", 1.0)}
+          "impulse": ("", 1.0), "speed": ("m/s", 1.0), "rise": ("m", 1.0), "lift_off": ("s", 1.0)}
 
 
 def _unit(metric: str, scenario: str = "") -> tuple[str, float]:
     if scenario == SPIN.name:  # every spin metric is a heading
         return "mrad", 1e3
+    if scenario == PUSH.name and metric == "push_impulse":
+        return "N s", 1.0
     for key, unit in _UNITS.items():
         if key in metric:
             return unit
@@ -62,7 +76,7 @@ def plot(runs: dict[str, dict[str, ContactTrace]], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 5, figsize=(22, 6.4), sharex="col")
+    fig, axes = plt.subplots(2, 6, figsize=(26, 6.4), sharex="col")
     for model, traces in runs.items():
         style = dict(color="k", lw=2.0, alpha=0.6) if model.startswith("MuJoCo") else dict(lw=1.0)
         st, dr, sl = traces[STAND.name], traces[DROP.name], traces[SLIDE.name]
@@ -81,6 +95,9 @@ def plot(runs: dict[str, dict[str, ContactTrace]], out: Path) -> None:
         sp = traces[SPIN.name]
         axes[0, 4].plot(sp.t, 1e3 * (sp.pelvis_yaw - sp.start_pelvis_yaw), label=model, **style)
         axes[1, 4].plot(sp.t, 1e3 * (sp.feet_yaw - sp.start_feet_yaw), label=model, **style)
+        pu = traces[PUSH.name]
+        axes[0, 5].plot(pu.t, pu.com[:, 2], label=model, **style)
+        axes[1, 5].plot(pu.t, np.gradient(pu.com[:, 2], pu.t), label=model, **style)
     axes[0, 0].set(title=f"stand ({STAND.seconds:g} s, PD at the default pose)", ylabel="pelvis height [m]")
     axes[1, 0].set(xlabel="time [s]", ylabel="mean sphere penetration [mm]")
     axes[0, 1].set(title=f"drop from {100 * DROP.height:g} cm", ylabel="pelvis height [m]")
@@ -92,6 +109,8 @@ def plot(runs: dict[str, dict[str, ContactTrace]], out: Path) -> None:
     axes[1, 3].set(xlabel="time [s]", ylabel="feet horizontal distance from start [mm]")
     axes[0, 4].set(title=f"spin, {SPIN.yaw_rate:g} rad/s about the vertical", ylabel="pelvis heading turned [mrad]")
     axes[1, 4].set(xlabel="time [s]", ylabel="feet heading turned [mrad]")
+    axes[0, 5].set(title="push-off: crouch, then legs straight at once", ylabel="centre-of-mass height [m]")
+    axes[1, 5].set(xlabel="time [s]", ylabel="centre-of-mass vertical velocity [m/s]", xlim=(0.8, PUSH.seconds))
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     axes[0, 0].legend(fontsize=8)
@@ -108,10 +127,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=Path("docs/img/contact_vs_mujoco.png"))
     args = parser.parse_args(argv)
 
-    scenarios = (replace(STAND, seconds=args.stand_seconds), DROP, SLIDE, SPIN)
+    scenarios = (replace(STAND, seconds=args.stand_seconds), DROP, SLIDE, SPIN, PUSH)
     runs = {"MuJoCo (5 ms)": {s.name: run_mujoco(s) for s in scenarios}}
     for kappa in args.kappa:
         runs[f"bcg kappa {kappa:g}"] = {s.name: run_bcg(s, kappa=kappa) for s in scenarios}
+    runs["bcg, MuJoCo's PD law"] = {s.name: run_bcg(s, pd_lookahead=False) for s in scenarios}
     print_table(runs)
     plot(runs, args.out)
 

@@ -21,10 +21,12 @@ MuJoCo variants (``--variants``; the default runs them all):
 * ``impedance-xF``: the contacts' impedance (solimp d_0 and d_width, 0.9 and 0.95) scaled by F (kept below 1): below
   1 each contact resolves a smaller share of the motion into it, a softer and less springy ground;
 * ``ankle-torque-xF`` / ``torque-xF``: the ankles' / every actuator's torque limit scaled by F;
-* ``no-joint-limits``: every joint limit removed.
+* ``no-joint-limits``: every joint limit removed;
+* ``bcg-pd``: our PD law's damping kv + h kp (our default reads the position predicted at the end of the step).
 
 Variants of our simulator (``--simulator bcg``): ``bcg`` (as ``bcg evaluate`` runs it), ``friction-xF`` (the ground
-friction coefficient scaled by F), ``beta-xF`` (the contacts' Baumgarte factor scaled by F, at most 1: below 1 a
+friction coefficient scaled by F), ``torque-xF`` (every torque limit scaled by F), ``mujoco-pd`` (MuJoCo's PD
+law: the position at the start of the substep, ``pd_lookahead=False``), ``beta-xF`` (the contacts' Baumgarte factor scaled by F, at most 1: below 1 a
 softer ground the feet sink deeper into), ``kappa-xF`` (the contact activation's stiffness kappa scaled by F: above
 1 a sharper contact, a sphere above the ground takes less part), ``soft-contact`` (MuJoCo's soft normal contact,
 time constant 0.02 s), ``no-joint-limits``. Variants join with ``+`` (``soft-contact+friction-x0.5``).
@@ -95,6 +97,14 @@ def _no_joint_limits(m: Any) -> Any:
     return m
 
 
+def _bcg_pd(m: Any) -> Any:
+    """MuJoCo's position actuators with our PD law: ours reads the position predicted at the end of the step,
+    kp (q* - q - h qd+) - kd qd+, i.e. a damping of kv + h kp instead of kv (the bias's velocity term)."""
+    kp = m.actuator_gainprm[:, 0].copy()
+    m.actuator_biasprm[:, 2] -= m.opt.timestep * kp
+    return m
+
+
 def _scale_damping(m: Any, factor: float) -> Any:
     m.geom_solref[:, 1] *= factor
     return m
@@ -112,15 +122,17 @@ def _scale_friction(m: Any, factor: float) -> Any:
 
 _MUJOCO_FIXED: dict[str, Callable[[Any], Any]] = {
     "mujoco": lambda m: m, "stiff-contact": _stiff_contact, "torsional-friction": _torsional_friction,
-    "elliptic-cones": _elliptic_cones, "noslip": _noslip, "no-joint-limits": _no_joint_limits}
+    "elliptic-cones": _elliptic_cones, "noslip": _noslip, "no-joint-limits": _no_joint_limits, "bcg-pd": _bcg_pd}
 _MUJOCO_SCALED: dict[str, Callable[[Any, float], Any]] = {
     "friction-x": _scale_friction, "damping-x": _scale_damping, "impedance-x": _scale_impedance,
     "ankle-torque-x": lambda m, f: _scale_torque(m, f, "ankle"),
     "torque-x": _scale_torque}
 _BCG_FIXED: dict[str, Callable[[Any], Any]] = {
     "bcg": lambda model: model, "soft-contact": lambda model: model.with_params(soft_timeconst=0.02),
-    "no-joint-limits": lambda model: model.without_joint_limits()}
+    "no-joint-limits": lambda model: model.without_joint_limits(),
+    "mujoco-pd": lambda model: model.with_params(pd_lookahead=False)}
 _BCG_SCALED: dict[str, Callable[[Any, float], Any]] = {
+    "torque-x": lambda model, f: model.with_gains(torque_limit=np.asarray(model.torque_limit).reshape(-1) * f),
     "friction-x": lambda model, f: model.with_params(mu=model.params.mu * f),
     "beta-x": lambda model, f: model.with_params(beta=min(1.0, model.params.beta * f)),
     "kappa-x": lambda model, f: model.with_params(kappa=model.params.kappa * f)}

@@ -13,7 +13,8 @@ __all__ = ["DYNAMICS_FIELDS", "DYNAMICS_PARAMS", "Dynamics"]
 
 DYNAMICS_PARAMS: dict[str, tuple[str, type]] = {
     "kappa": ("kappa", float), "substeps": ("substeps", int), "sim_dt": ("dt", float),
-    "soft_contact_timeconst": ("soft_timeconst", float), "contact_beta": ("beta", float)}
+    "soft_contact_timeconst": ("soft_timeconst", float), "contact_beta": ("beta", float),
+    "pd_lookahead": ("pd_lookahead", bool)}
 """Each field of :class:`Dynamics`: its :func:`bcg.sim.load_model` parameter and type."""
 
 DYNAMICS_FIELDS: tuple[str, ...] = tuple(DYNAMICS_PARAMS)
@@ -39,10 +40,15 @@ class Dynamics:
     """Physics substeps per control step (None: 4)."""
     sim_dt: float | None = None
     """Physics substep [s] (None: 0.005); the control period is substeps * sim_dt."""
+    pd_lookahead: bool | None = None
+    """Whether the PD actuators read the position predicted at the end of the substep (True, the simulator's default:
+    an extra damping h kp) or its start, as MuJoCo's position actuators do (False) (bcg.sim.ContactParams)."""
 
     def __post_init__(self) -> None:
         if self.substeps is not None:
             object.__setattr__(self, "substeps", check_count("substeps", self.substeps))
+        if self.pd_lookahead is not None and not isinstance(self.pd_lookahead, bool):
+            raise ValueError(f"pd_lookahead must be True, False or None, got {self.pd_lookahead!r}")
         if self.contact_beta is not None and not (is_real(self.contact_beta) and 0 <= self.contact_beta <= 1):
             raise ValueError(f"contact_beta must be a number in [0, 1] or None, got {self.contact_beta!r}")
         for name, unit in (("kappa", "1/m"), ("sim_dt", "s"), ("soft_contact_timeconst", "s")):

@@ -24,6 +24,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "DROP",
+    "PUSH",
+    "PUSH_START",
     "SCENARIOS",
     "SLIDE",
     "SPIN",
@@ -54,6 +56,11 @@ class Scenario:
     yaw_rate: float = 0.0
     """Initial root angular velocity about the vertical [rad/s] (the pelvis starts upright, so its local z axis is the
     world's); the whole robot turns with it about the pelvis, the feet sliding on an arc."""
+    keyframes: tuple[tuple[float, tuple[tuple[str, float], ...]], ...] = ()
+    """PD-target schedule: ``(time [s], ((joint-name suffix, offset [rad]), ...))`` pairs in increasing time; the
+    targets are the default pose plus the offsets, interpolated linearly between keyframes and held after the last
+    (before the first, the default pose is held). A suffix names every joint ending with it (``knee_joint`` both
+    knees). Empty: the default pose throughout."""
 
     def __post_init__(self) -> None:
         if not (self.seconds > 0 and np.isfinite(self.seconds)):
@@ -64,6 +71,31 @@ class Scenario:
             raise ValueError(f"Scenario.velocity must be three finite values [m/s], got {self.velocity!r}")
         if not np.isfinite(self.yaw_rate):
             raise ValueError(f"Scenario.yaw_rate must be a finite value [rad/s], got {self.yaw_rate!r}")
+        times = [t for t, _ in self.keyframes]
+        if any(not np.isfinite(t) or t < 0 for t in times) or times != sorted(times):
+            raise ValueError(f"Scenario.keyframes times must be finite, >= 0 and increasing [s], got {times}")
+        self.targets(0.0)  # every joint suffix names a joint
+
+    def targets(self, t: float) -> np.ndarray:
+        """PD targets [29] at time ``t`` [s] (float64, radians): the default pose plus the interpolated
+        keyframe offsets."""
+        from bcg.robots import g1
+
+        base = np.asarray(g1.DEFAULT_JOINT_POS, dtype=np.float64)
+        if not self.keyframes:
+            return base.copy()
+        frames = [np.zeros_like(base)]
+        for _, offsets in self.keyframes:
+            off = np.zeros_like(base)
+            for suffix, value in offsets:
+                hit = [j for j, name in enumerate(g1.JOINT_NAMES) if name.endswith(suffix)]
+                if not hit:
+                    raise ValueError(f"Scenario.keyframes: no G1 joint name ends with {suffix!r}")
+                off[hit] = value
+            frames.append(off)
+        times = [0.0 if self.keyframes[0][0] > 0 else -1.0] + [t for t, _ in self.keyframes]
+        offsets = np.stack(frames)
+        return base + np.array([np.interp(t, times, offsets[:, j]) for j in range(base.shape[0])])
 
     def initial_state(self) -> tuple[np.ndarray, np.ndarray]:
         """(qpos [36], qvel [35]) float64 in MuJoCo's layout: the default standing pose, raised, moving and
@@ -88,7 +120,17 @@ SPIN = Scenario("spin", 1.0, yaw_rate=2.0)
 """Standing, the whole robot turned at 2 rad/s about the vertical through the pelvis: the feet, 0.12 m either side of
 it, slide on an arc until friction, resisting the turn as a pair and each foot's own pivot, stops them (the loaded
 foot turning under the torque of a spin, as in a kick)."""
+PUSH_START = 0.9
+"""Time [s] at which :data:`PUSH` starts extending from its crouch."""
+_CROUCH = (("hip_pitch_joint", -0.9), ("knee_joint", 1.2), ("ankle_pitch_joint", -0.6))
+PUSH = Scenario("push", 1.5, keyframes=((0.5, _CROUCH), (PUSH_START, _CROUCH),
+                                        (PUSH_START + 0.05, (("ankle_pitch_joint", 0.4),))))
+"""A jump: from standing, the targets crouch both legs over 0.5 s (hip pitch -0.9, knee +1.2, ankle pitch -0.6 rad),
+hold it for 0.4 s, then snap in 50 ms to the straight leg with the ankles pointed (+0.4 rad): the knees and hips drive
+at their torque limits and the toes push off, as in a kick's or a jump's take-off. The landing that follows is not
+compared (the robot lands open loop and falls)."""
 SCENARIOS: tuple[Scenario, ...] = (STAND, DROP, SLIDE, SPIN)
+"""The scenarios in which the robot stays upright (:data:`PUSH` jumps and lands open loop, so it is apart)."""
 
 
 def _kinematics_model() -> tuple[mujoco.MjModel, np.ndarray, np.ndarray, int]:
@@ -113,7 +155,8 @@ class ContactTrace:
     ``pelvis`` [T, 3] and ``feet`` [T, 3] (mean of the two foot bodies' origins) are world positions [m];
     ``penetration`` [T, nc] is radius - centre height of every foot sphere [m] (positive when penetrating);
     ``impulse`` [T] the summed normal contact impulse of each step [N s]; ``feet_yaw`` [T] (mean of the two foot
-    bodies') and ``pelvis_yaw`` [T] are heading angles [rad], unwrapped over time; ``start_*`` the same at t = 0.
+    bodies') and ``pelvis_yaw`` [T] are heading angles [rad], unwrapped over time; ``com`` [T, 3] the whole robot's
+    centre of mass [m]; ``start_*`` the same at t = 0.
     """
 
     name: str
@@ -131,6 +174,8 @@ class ContactTrace:
     pelvis_yaw: np.ndarray
     start_feet_yaw: float
     start_pelvis_yaw: float
+    com: np.ndarray
+    start_com: np.ndarray
 
     @classmethod
     def from_qpos(cls, name: str, q0: np.ndarray, qpos: np.ndarray, impulse: np.ndarray) -> ContactTrace:
@@ -142,9 +187,12 @@ class ContactTrace:
         qs = np.concatenate([q0[None], qpos]).astype(np.float64)
         pel, foot, pen = np.empty((len(qs), 3)), np.empty((len(qs), 3)), np.empty((len(qs), len(spheres)))
         yaw = np.empty((len(qs), 3))  # the two feet's and the pelvis's heading
+        com = np.empty((len(qs), 3))
         for k, q in enumerate(qs):
             d.qpos[:] = q
             mujoco.mj_kinematics(m, d)
+            mujoco.mj_comPos(m, d)
+            com[k] = d.subtree_com[pelvis]  # the pelvis is the root of the robot's tree
             pel[k] = d.xpos[pelvis]
             foot[k] = d.xpos[feet].mean(0)
             pen[k] = m.geom_size[spheres, 0] - d.geom_xpos[spheres, 2]
@@ -155,7 +203,8 @@ class ContactTrace:
         weight = float(np.sum(m.body_mass)) * abs(float(m.opt.gravity[2]))
         t = np.arange(1, len(qpos) + 1) * DT
         return cls(name, t, qs[1:], pel[1:], foot[1:], pen[1:], np.asarray(impulse, dtype=np.float64), pel[0],
-                   foot[0], weight, feet_yaw[1:], pelvis_yaw[1:], float(feet_yaw[0]), float(pelvis_yaw[0]))
+                   foot[0], weight, feet_yaw[1:], pelvis_yaw[1:], float(feet_yaw[0]), float(pelvis_yaw[0]), com[1:],
+                   com[0])
 
     # --- metrics -------------------------------------------------------------------------------------------------
     def _window(self, t0: float, t1: float | None) -> np.ndarray:
@@ -205,6 +254,20 @@ class ContactTrace:
         """Normal impulse of the last ``seconds`` over the weight impulse m g x seconds (1 = balanced)."""
         return float(self.impulse[self.t > self.t[-1] - seconds + 1e-9].sum() / (self.weight * seconds))
 
+    def lift_off(self, t0: float) -> float:
+        """First sample time after ``t0`` [s] at which no sphere carries any normal impulse (inf if none)."""
+        free = (self.t > t0 + 1e-9) & (self.impulse <= 0.0)
+        return float(self.t[np.argmax(free)]) if free.any() else float("inf")
+
+    def takeoff_speed(self, t0: float) -> float:
+        """Largest upward velocity of the centre of mass after ``t0`` [m/s] (central differences of its height)."""
+        vz = np.gradient(self.com[:, 2], self.t)
+        return float(vz[self.t > t0 + 1e-9].max())
+
+    def com_rise(self, t0: float) -> float:
+        """Highest centre-of-mass height after ``t0`` minus its height at ``t0`` [m]."""
+        return float(self.com[self._window(t0, None), 2].max() - self.com[self.at(t0), 2])
+
     def fell(self, height: float = 0.6) -> bool:
         """Whether the pelvis went below ``height`` [m] at any sample."""
         return bool(self.pelvis[:, 2].min() < height)
@@ -224,7 +287,11 @@ def metrics(trace: ContactTrace) -> dict[str, float]:
     * drop: ``peak_penetration``, ``settled_height`` (mean pelvis height of the last 0.5 s), ``settling_time``
       (to 2 mm of it), ``lowest_pelvis_z``;
     * slide: ``feet_<t>`` and ``pelvis_<t>``, the horizontal distance moved by t = 0.1, 0.2, 0.5 s;
-    * spin: ``feet_<t>`` and ``pelvis_<t>``, the heading turned [rad] by t = 0.1, 0.2, 0.5 s.
+    * spin: ``feet_<t>`` and ``pelvis_<t>``, the heading turned [rad] by t = 0.1, 0.2, 0.5 s;
+    * push: ``takeoff_speed`` (the centre of mass's largest upward velocity after :data:`PUSH_START`),
+      ``com_rise`` (its apex above its height at the start of the push), ``push_impulse`` (the normal impulse from
+      the start of the push to lift-off) and ``lift_off`` (the time from the start of the push to the first step
+      without contact).
     """
     if trace.name == "stand":
         half = 0.5 * float(trace.t[-1])
@@ -252,7 +319,16 @@ def metrics(trace: ContactTrace) -> dict[str, float]:
         out = {f"feet_{t:g}": trace.turned(t, "feet") for t in SLIDE_TIMES}
         out.update({f"pelvis_{t:g}": trace.turned(t, "pelvis") for t in SLIDE_TIMES})
         return out
-    raise ValueError(f"metrics are defined for the scenarios 'stand', 'drop', 'slide' and 'spin', got {trace.name!r}")
+    if trace.name == "push":
+        off = trace.lift_off(PUSH_START)
+        return {
+            "takeoff_speed": trace.takeoff_speed(PUSH_START),
+            "com_rise": trace.com_rise(PUSH_START),
+            "push_impulse": float(trace.impulse[(trace.t > PUSH_START + 1e-9) & (trace.t < off - 1e-9)].sum()),
+            "lift_off": off - PUSH_START,
+        }
+    raise ValueError("metrics are defined for the scenarios 'stand', 'drop', 'slide', 'spin' and 'push', "
+                     f"got {trace.name!r}")
 
 
 def run_bcg(scenario: Scenario, **params: float) -> ContactTrace:
@@ -261,18 +337,17 @@ def run_bcg(scenario: Scenario, **params: float) -> ContactTrace:
     sampled; with the targets held this is the same dynamics as ``substeps`` of them per call."""
     import torch
 
-    from bcg.robots import g1
     from bcg.sim import load_model, step
 
     model = load_model(**{**params, "substeps": 1, "dt": DT})
     q0, qd0 = scenario.initial_state()
     q = torch.tensor(q0, dtype=torch.float32)[None]
     qd = torch.tensor(qd0, dtype=torch.float32)[None]
-    targets = torch.tensor(g1.DEFAULT_JOINT_POS, dtype=torch.float32)[None]
     n = int(round(scenario.seconds / DT))
     qs, imp = np.empty((n, model.nq)), np.empty(n)
     with torch.no_grad():
         for k in range(n):
+            targets = torch.tensor(scenario.targets(k * DT), dtype=torch.float32)[None]
             q, qd, rep = step(model, q, qd, targets)
             qs[k] = q[0].double().numpy()
             imp[k] = float(rep.impulse.sum())
@@ -284,16 +359,14 @@ def run_mujoco(scenario: Scenario) -> ContactTrace:
     the project's one MuJoCo PD loop (:class:`bcg.evaluation.mujoco_loop.MujocoLoop`) with one substep per call so
     that every 5 ms step is sampled."""
     from bcg.evaluation.mujoco_loop import MujocoLoop
-    from bcg.robots import g1
 
     loop = MujocoLoop(1, substeps=1, timestep=DT)
     q0, qd0 = scenario.initial_state()
     loop.set_state(q0[None], qd0[None])
-    targets = np.asarray(g1.DEFAULT_JOINT_POS)[None]
     n = int(round(scenario.seconds / DT))
     qs, imp = np.empty((n, loop.nq)), np.empty(n)
     for k in range(n):
-        out = loop.step(targets)
+        out = loop.step(scenario.targets(k * DT)[None])
         qs[k] = out.qpos[0]
         imp[k] = float(out.contact.impulse.sum())
     return ContactTrace.from_qpos(scenario.name, q0, qs, imp)

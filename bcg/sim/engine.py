@@ -546,7 +546,7 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool
                 m.dof_zero if terms_only else ph["dof_damping"], m.dof_no_actuator if terms_only else m.dof_actuator,
                 m.dof_no_limit if terms_only else m.dof_limited, m.dof_range, ph["kp"], ph["kd"], ph["torque_limit"],
                 m.actuator_speed, p.limit_kappa, p.limit_impedance, p.limit_beta, 0.0 if terms_only else p.dt,
-                s["S"], s["IC_O"], s["IC_h"], s["IC_m"], s["F_sub"]],
+                1.0 if p.pd_lookahead else 0.0, s["S"], s["IC_O"], s["IC_h"], s["IC_m"], s["F_sub"]],
                [s["H"], s["tau"]]),
         Launch(K.factor_free, [qd, s["H"], s["tau"], m.dof_ancestors, m.dof_ancestor_count, m.dof_subtree_end, p.dt],
                [s["L"], s["L_tmp"], s["y"], s["y_tmp"], s["x"], s["x_tmp"], s["v_free"]]),

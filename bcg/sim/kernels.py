@@ -239,6 +239,7 @@ def mass_tau(
     limit_impedance: float,
     beta: float,
     dt: float,
+    pd_lookahead: float,
     # from fk_rnea and composite
     S: wp.array2d(dtype=wp.spatial_vector),
     IC_O: wp.array2d(dtype=wp.mat33),
@@ -274,13 +275,14 @@ def mass_tau(
         if a >= ROOT_NV:
             qa = q[e, a + 1]
         if act >= 0:
-            # PD on the end-of-step position: u = kp (q* - q - dt qd+) - kd qd+, then the soft saturation
+            # PD u = kp (q* - q - lookahead dt qd+) - kd qd+ (lookahead 1: the end-of-step position, 0: MuJoCo's
+            # start-of-step one), then the soft saturation
             k_p = kp[pg, act]
             k_d = kd[pg, act]
-            pd = k_p * (targets[e, act] - qa - dt * qd[e, a]) - k_d * qd[e, a]
+            pd = k_p * (targets[e, act] - qa - pd_lookahead * dt * qd[e, a]) - k_d * qd[e, a]
             act_tau = actuator_torque(pd, qd[e, a], torque_limit[pt, act], actuator_speed[act])
             u = u + act_tau[0]
-            h_diag = h_diag + act_tau[1] * dt * (k_d + dt * k_p) - dt * act_tau[2]
+            h_diag = h_diag + act_tau[1] * dt * (k_d + pd_lookahead * dt * k_p) - dt * act_tau[2]
         h_aa = wp.dot(S_a, F) + h_diag
         if dof_limited[a] != 0:
             # Joint limit as an implicit damper towards a reference velocity: with g = a / (1 - a) the new

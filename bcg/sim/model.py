@@ -68,6 +68,11 @@ class ContactParams:
     pushed out at beta d / h (docs/simulator.md, *Soft normal contact*). Must be >= 2 dt when set (MuJoCo's rule)."""
     soft_impedance: float = 0.95
     """Share of the free normal motion a soft contact resists (MuJoCo's solimp d; 0.95 its default d_max)."""
+    pd_lookahead: bool = True
+    """Whether the PD actuators read the joint position predicted at the end of the substep, kp (q* - q - h qd+) -
+    kd qd+ (a damping of kd + h kp: 20 % more than kd on the legs), or, False, the position at its start as MuJoCo's
+    position actuators do, kp (q* - q) - kd qd+ (docs/simulator.md, *Actuators*). Either way the damping is
+    implicit in qd+."""
     iterations: int = 10
     """Projected Gauss-Seidel sweeps of the contact solve (fixed, no early exit)."""
     substeps: int = 4
@@ -108,6 +113,7 @@ class ContactParams:
             "soft_timeconst": finite(self.soft_timeconst) and (self.soft_timeconst == 0
                                                                 or self.soft_timeconst >= 2 * self.dt),
             "soft_impedance": finite(self.soft_impedance) and 0 < self.soft_impedance < 1,
+            "pd_lookahead": isinstance(self.pd_lookahead, (bool, np.bool_)),
             "iterations": is_int(self.iterations) and self.iterations >= 1,
             "substeps": is_int(self.substeps) and self.substeps >= 1,
             "dt": finite(self.dt) and self.dt > 0,
@@ -124,6 +130,7 @@ class ContactParams:
             "mu": "a finite value >= 0",
             "soft_timeconst": "0 (Baumgarte contact) or a finite value >= 2 dt [s]",
             "soft_impedance": "a value in (0, 1)",
+            "pd_lookahead": "True or False",
             "iterations": "an integer >= 1",
             "substeps": "an integer >= 1",
             "dt": "a finite value > 0 [s]",

@@ -337,9 +337,10 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
         speed = torch.as_tensor(model.actuator_speed, **kw)
         qj = q[:, dofs + 1]
         vj = qd[:, dofs]
-        u, slope, slope_v = actuator_torque(kp * (targets - qj - dt * vj) - kd * vj, vj, lim, speed)
+        look = 1.0 if p.pd_lookahead else 0.0  # ContactParams.pd_lookahead: the end-of-step position's h kp damping
+        u, slope, slope_v = actuator_torque(kp * (targets - qj - look * dt * vj) - kd * vj, vj, lim, speed)
         tau = tau.index_add(1, dofs, u)
-        diag = diag.index_add(1, dofs, slope * (dt * kd + dt * dt * kp) - dt * slope_v)
+        diag = diag.index_add(1, dofs, slope * (dt * kd + look * dt * dt * kp) - dt * slope_v)
     H_diag = torch.diagonal(H, dim1=1, dim2=2) + diag
     limited = torch.as_tensor(model.dof_limited, device=q.device)
     if bool(limited.any()):
