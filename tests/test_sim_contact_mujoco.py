@@ -147,3 +147,31 @@ def test_spin_is_stopped_by_friction(traces):
         assert abs(tr.turned(0.5)) < SPIN_FEET_05, sim
         late = tr.turned(1.0) - tr.turned(0.9)
         assert abs(late) < SPIN_REST, (sim, late)
+
+
+def test_keyframes_interpolate_the_targets_and_are_checked():
+    """The push-off's PD targets: the default pose before the first keyframe, linear between keyframes, held after
+    the last; a suffix names every joint ending with it."""
+    import numpy as np
+
+    from bcg.evaluation.contact_scenarios import PUSH, PUSH_START, Scenario
+    from bcg.robots import g1
+
+    names = list(g1.JOINT_NAMES)
+    knees = [names.index("left_knee_joint"), names.index("right_knee_joint")]
+    ankles = [names.index("left_ankle_pitch_joint"), names.index("right_ankle_pitch_joint")]
+    base = np.asarray(g1.DEFAULT_JOINT_POS)
+    np.testing.assert_allclose(PUSH.targets(0.0), base)
+    np.testing.assert_allclose(PUSH.targets(0.25)[knees], base[knees] + 0.6)  # half way into the crouch
+    np.testing.assert_allclose(PUSH.targets(PUSH_START)[knees], base[knees] + 1.2)
+    after = PUSH.targets(PUSH_START + 0.2)
+    np.testing.assert_allclose(after[knees], base[knees])
+    np.testing.assert_allclose(after[ankles], base[ankles] + 0.4)
+    others = np.setdiff1d(np.arange(len(names)), knees + ankles + [names.index("left_hip_pitch_joint"),
+                                                                   names.index("right_hip_pitch_joint")])
+    np.testing.assert_allclose(PUSH.targets(PUSH_START)[others], base[others])
+    assert Scenario("x", 1.0, keyframes=((0.0, (("knee_joint", 1.0),)),)).targets(0.0)[knees].tolist() == [1.0, 1.0]
+    with pytest.raises(ValueError, match="no G1 joint name ends with 'toe_joint'"):
+        Scenario("x", 1.0, keyframes=((0.5, (("toe_joint", 1.0),)),))
+    with pytest.raises(ValueError, match="keyframes times must be finite, >= 0 and increasing"):
+        Scenario("x", 1.0, keyframes=((0.5, ()), (0.2, ())))

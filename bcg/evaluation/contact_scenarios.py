@@ -1,6 +1,7 @@
-"""Contact scenarios run in the bcg simulator and in C MuJoCo from the same initial state with the same PD targets
-held: standing, a drop onto the feet, a sideways slide and a spin about the vertical. The traces and metrics serve
-both the tests (``tests/test_sim_contact_mujoco.py``, ``tests/test_sim_contact.py``) and
+"""Contact scenarios run in the bcg simulator and in C MuJoCo from the same initial state with the same PD targets:
+standing, a drop onto the feet, a sideways slide and a spin about the vertical (the default pose held), and a jump's
+push-off (targets following keyframes). The traces and metrics serve both the tests
+(``tests/test_sim_contact_mujoco.py``, ``tests/test_sim_contact.py``, ``tests/test_sim_pd_law.py``) and
 ``benchmarks/contact_vs_mujoco.py``.
 
 Both simulators are sampled at every 5 ms physics step, and every geometric quantity (pelvis and foot positions,
