@@ -8,8 +8,11 @@ float64 oracle, the Warp trajectory against the oracle, and a jump's push-off ag
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+from conftest import load_script
 from test_sim_rollout_grads import T, _reference_fd, _targets, _warp_gradient, trajectory_errors
 
 from bcg.envs import Dynamics
@@ -63,3 +66,20 @@ def test_push_off_without_lookahead_is_closer_to_mujoco():
     assert ours_mj_law["com_rise"] - ours["com_rise"] > 0.015, (ours, ours_mj_law)
     for m in (mj, ours, ours_mj_law):  # a real jump: the feet leave the ground within 0.1 s of the push
         assert 0.05 <= m["lift_off"] <= 0.11 and m["com_rise"] > 0.3, m
+
+
+def test_randomisation_family_covers_mujocos_push_off_only_with_mujocos_law():
+    """The corners of --contact-randomization and --torque-limit-randomization, through the push-off: with the
+    default law every member takes off slower than MuJoCo, with MuJoCo's law MuJoCo lies inside the family."""
+    bench = load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "push_off_randomization.py")
+    members = bench.family()
+    assert len(members) == 18 and {scale for _, scale, _ in members} == {0.85, 1.0, 1.2}
+    mj = metrics(run_mujoco(PUSH))["takeoff_speed"]
+    strongest = [m for m in members if m[1] == 1.2 and m[2] == {"beta": 0.1, "soft_timeconst": 0.03}]
+    assert len(strongest) == 1
+    _, scale, params = strongest[0]
+    # measured: MuJoCo 2.455 m/s; the family's fastest member 2.419 (default law) and 2.520 (MuJoCo's law)
+    assert metrics(run_bcg(PUSH, torque_scale=scale, **params))["takeoff_speed"] < mj - 0.02
+    assert metrics(run_bcg(PUSH, torque_scale=scale, pd_lookahead=False, **params))["takeoff_speed"] > mj + 0.03
+    with pytest.raises(ValueError, match="torque_scale must be a finite value > 0"):
+        run_bcg(PUSH, torque_scale=0.0)

@@ -16,7 +16,7 @@ All positions are in metres, times in seconds, impulses in N s.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -332,15 +332,20 @@ def metrics(trace: ContactTrace) -> dict[str, float]:
                      f"got {trace.name!r}")
 
 
-def run_bcg(scenario: Scenario, **params: float) -> ContactTrace:
+def run_bcg(scenario: Scenario, torque_scale: float = 1.0, **params: Any) -> ContactTrace:
     """The scenario in :mod:`bcg.sim` (float32 Warp kernels, CPU, N = 1); ``params`` go to
-    :func:`bcg.sim.load_model` (e.g. ``kappa``). The model takes one substep per call so that every 5 ms step is
-    sampled; with the targets held this is the same dynamics as ``substeps`` of them per call."""
+    :func:`bcg.sim.load_model` (e.g. ``kappa``), ``torque_scale`` multiplies every actuator's torque limit. The model
+    takes one substep per call so that every 5 ms step is sampled; with the targets held this is the same dynamics as
+    ``substeps`` of them per call."""
     import torch
 
     from bcg.sim import load_model, step
 
+    if not (torque_scale > 0 and np.isfinite(torque_scale)):
+        raise ValueError(f"torque_scale must be a finite value > 0, got {torque_scale!r}")
     model = load_model(**{**params, "substeps": 1, "dt": DT})
+    if torque_scale != 1.0:
+        model = model.with_gains(torque_limit=np.asarray(model.torque_limit) * torque_scale)
     q0, qd0 = scenario.initial_state()
     q = torch.tensor(q0, dtype=torch.float32)[None]
     qd = torch.tensor(qd0, dtype=torch.float32)[None]
