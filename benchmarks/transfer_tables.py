@@ -187,9 +187,9 @@ RUN_DEFAULT_700 = ("endcrtlr12-bcg-run-s0", "endcrtlr12-bcg-run-s1")
 """The run clip with today's default for 700 s on the faster machine, seeds 0 and 1."""
 RUN_DEFAULT_1200 = ("d20-bcg-run-s0", "d20-bcg-run-s1")
 """The run clip with today's default for 1200 s on the slower machine, one run at a time, seeds 0 and 1."""
-RUN_DEFAULT_3600 = ("d60-bcg-run-s0",)
-"""The run clip with today's default for 3600 s on the slower machine, one run at a time, seed 0 (the seed whose
-earlier-default hour drifted off the reference's path)."""
+RUN_DEFAULT_3600 = ("d60-bcg-run-s0", "d60-bcg-run-s1")
+"""The run clip with today's default for 3600 s on the slower machine, one run at a time, seeds 0 (the seed whose
+earlier-default hour drifted off the reference's path) and 1."""
 FIGHT_DEFAULT_1200 = ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")
 """The fight with today's default for 1200 s on the faster machine, seeds 0 and 1."""
 FIGHT_DEFAULT_700 = ("endcrtlr12-bcg-fight-s0", "endcrtlr12-bcg-fight-s1")
