@@ -11,11 +11,12 @@ import pytest
 from conftest import load_script
 
 from bcg.evaluation.mujoco_loop import MujocoLoop
+from bcg.robots import g1
 
 variants = load_script(Path(__file__).resolve().parents[1] / "benchmarks" / "mujoco_variants.py")
 
 FIELDS = ("geom_solref", "geom_solimp", "geom_condim", "geom_friction", "jnt_limited", "jnt_actfrcrange",
-          "actuator_forcerange")
+          "actuator_forcerange", "actuator_biasprm", "actuator_gainprm")
 
 
 def _changed(variant: str) -> dict[str, np.ndarray]:
@@ -46,6 +47,12 @@ def test_each_variant_changes_only_its_part_of_the_model():
     assert ankles["jnt_actfrcrange"].any(1).sum() == 4
     assert np.allclose(np.abs(model.jnt_actfrcrange[ankles["jnt_actfrcrange"].any(1)]), 75.0)
     assert _changed("torque-x1.5")["jnt_actfrcrange"].any(1).sum() == 29
+    # our PD law's damping: every actuator's velocity bias, kv -> kv + h kp (5 -> 6 N m s/rad on the legs)
+    pd = _changed("bcg-pd")
+    assert set(pd) == {"actuator_biasprm"} and pd["actuator_biasprm"][:, 2].all()
+    assert not pd["actuator_biasprm"][:, :2].any()
+    model = variants.model_change("bcg-pd")(MujocoLoop(1).model)
+    assert np.allclose(-model.actuator_biasprm[:, 2], g1.KD + 0.005 * g1.KP)
 
 
 def test_unknown_variants_and_bad_factors_are_refused():
@@ -78,6 +85,9 @@ def test_variants_of_our_simulator_change_its_model():
     joined = variants.bcg_change("soft-contact+friction-x2")(model)
     assert joined.params.soft_timeconst == 0.02 and joined.params.mu == pytest.approx(2 * model.params.mu)
     assert not variants.bcg_change("no-joint-limits")(model).dof_limited.any() and model.dof_limited.any()
+    assert variants.bcg_change("mujoco-pd")(model).params.pd_lookahead is False and model.params.pd_lookahead
+    stronger = variants.bcg_change("torque-x1.19")(model)
+    assert np.allclose(stronger.torque_limit, 1.19 * model.torque_limit) and np.array_equal(stronger.kd, model.kd)
     with pytest.raises(ValueError, match="unknown variant 'stiff-contact' of our simulator"):
         variants.bcg_change("stiff-contact")
 
