@@ -29,7 +29,8 @@ friction coefficient scaled by F), ``torque-xF`` (every torque limit scaled by F
 law: the position at the start of the substep, ``pd_lookahead=False``), ``beta-xF`` (the contacts' Baumgarte factor
 scaled by F, at most 1: below 1 a softer ground the feet sink deeper into), ``kappa-xF`` (the contact activation's
 stiffness kappa scaled by F: above 1 a sharper contact, a sphere above the ground takes less part),
-``soft-contact`` (MuJoCo's soft normal contact, time constant 0.02 s), ``no-joint-limits``. Variants join with ``+`` (``soft-contact+friction-x0.5``).
+``soft-contact`` (MuJoCo's soft normal contact, time constant 0.02 s), ``no-joint-limits``. Variants join with ``+``
+(``soft-contact+friction-x0.5``).
 
 Usage::
 
