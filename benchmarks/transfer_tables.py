@@ -169,6 +169,9 @@ trained after the default changed), seeds 0 and 1."""
 SPINKARATE_DEFAULT_3600_ALONE = ("solo60-bcg-spinkarate-s0", "solo60-bcg-spinkarate-s1")
 """SpinKarate with today's default for 3600 s on the slower machine, one run at a time (the critic fit's worker
 process on the second core, as a user runs `bcg train`), seeds 0 and 1."""
+SPINKARATE_MUJOCO_PD_3600 = ("nolook60-bcg-spinkarate-s0",)
+"""SpinKarate with today's default and MuJoCo's PD law (--pd-lookahead False) for 3600 s on the slower machine, one
+run at a time, seed 0."""
 JUMP_DEFAULT_3600 = ("endcrtlr60-bcg-jump-s0", "endcrtlr60-bcg-jump-s1")
 """The jump with today's default for 3600 s, seeds 0 and 1."""
 JAZZWALK_DEFAULT_3600 = ("endcrtlr60-bcg-jazzwalk-s0", "endcrtlr60-bcg-jazzwalk-s1")
@@ -265,6 +268,8 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      SPINKARATE_DEFAULT_3600),
     ("today's default, on the slower machine (3600 s, two runs at a time)", SPINKARATE_DEFAULT_3600_SLOWER),
     ("today's default, on the slower machine (3600 s, one run at a time)", SPINKARATE_DEFAULT_3600_ALONE),
+    ("today's default with MuJoCo's PD law, --pd-lookahead False (3600 s, one run at a time)",
+     SPINKARATE_MUJOCO_PD_3600),
 )
 """What was tried on SpinKarate: its transfer gap (saturated ankles, an ankle roll held at its stop by the clip, a
 slippery pivot) and learning its kicks within the hour (where failed episodes are credited); flags on top of the
