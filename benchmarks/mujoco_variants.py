@@ -101,8 +101,7 @@ def _no_joint_limits(m: Any) -> Any:
 def _bcg_pd(m: Any) -> Any:
     """MuJoCo's position actuators with our PD law: ours reads the position predicted at the end of the step,
     kp (q* - q - h qd+) - kd qd+, i.e. a damping of kv + h kp instead of kv (the bias's velocity term)."""
-    kp = m.actuator_gainprm[:, 0].copy()
-    m.actuator_biasprm[:, 2] -= m.opt.timestep * kp
+    m.actuator_biasprm[:, 2] -= m.opt.timestep * m.actuator_gainprm[:, 0]
     return m
 
 

@@ -15,6 +15,7 @@ All positions are in metres, times in seconds, impulses in N s.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +41,30 @@ __all__ = [
 
 DT = 0.005
 """Physics step of both simulators [s] (the G1 MJCF's timestep and bcg's default substep)."""
+
+
+@functools.lru_cache(maxsize=16)
+def _keyframe_table(keyframes: tuple[tuple[float, tuple[tuple[str, float], ...]], ...]) -> tuple[
+        np.ndarray, np.ndarray]:
+    """(times [K + 1] s, offsets [K + 1, 29] rad, read-only) of :attr:`Scenario.keyframes`, with the default pose
+    (zero offset) at t = 0 ahead of them (at t = -1 when the first keyframe is at 0, so that it governs), resolved
+    once per schedule rather than at every step."""
+    from bcg.robots import g1
+
+    frames = [np.zeros(len(g1.JOINT_NAMES))]
+    for _, offsets in keyframes:
+        off = np.zeros(len(g1.JOINT_NAMES))
+        for suffix, value in offsets:
+            hit = [j for j, name in enumerate(g1.JOINT_NAMES) if name.endswith(suffix)]
+            if not hit:
+                raise ValueError(f"Scenario.keyframes: no G1 joint name ends with {suffix!r}")
+            off[hit] = value
+        frames.append(off)
+    times = np.array([0.0 if keyframes[0][0] > 0 else -1.0] + [t for t, _ in keyframes])
+    table = np.stack(frames)
+    times.setflags(write=False)
+    table.setflags(write=False)
+    return times, table
 
 
 @dataclass(frozen=True)
@@ -85,17 +110,7 @@ class Scenario:
         base = np.asarray(g1.DEFAULT_JOINT_POS, dtype=np.float64)
         if not self.keyframes:
             return base.copy()
-        frames = [np.zeros_like(base)]
-        for _, offsets in self.keyframes:
-            off = np.zeros_like(base)
-            for suffix, value in offsets:
-                hit = [j for j, name in enumerate(g1.JOINT_NAMES) if name.endswith(suffix)]
-                if not hit:
-                    raise ValueError(f"Scenario.keyframes: no G1 joint name ends with {suffix!r}")
-                off[hit] = value
-            frames.append(off)
-        times = [0.0 if self.keyframes[0][0] > 0 else -1.0] + [t for t, _ in self.keyframes]
-        offsets = np.stack(frames)
+        times, offsets = _keyframe_table(self.keyframes)
         return base + np.array([np.interp(t, times, offsets[:, j]) for j in range(base.shape[0])])
 
     def initial_state(self) -> tuple[np.ndarray, np.ndarray]:
