@@ -15,7 +15,7 @@ from conftest import load_script
 from test_sim_rollout_grads import directional_gradient_error, trajectory_errors
 
 from bcg.envs import Dynamics
-from bcg.evaluation.contact_scenarios import PUSH, metrics, run_bcg, run_mujoco
+from bcg.evaluation.contact_scenarios import DT, PUSH, metrics, run_bcg, run_bcg_batch, run_mujoco
 from bcg.sim.model import ContactParams
 
 MUJOCO_LAW = {"pd_lookahead": False}
@@ -72,5 +72,29 @@ def test_randomisation_family_covers_mujocos_push_off_only_with_mujocos_law():
     # measured: MuJoCo 2.455 m/s; the family's fastest member 2.419 (default law) and 2.520 (MuJoCo's law)
     assert metrics(run_bcg(PUSH, torque_scale=scale, **params))["takeoff_speed"] < mj - 0.02
     assert metrics(run_bcg(PUSH, torque_scale=scale, pd_lookahead=False, **params))["takeoff_speed"] > mj + 0.03
+    speeds, factors = bench.drawn_speeds(4, seed=0, pd_lookahead=True)  # draws from the whole default family
+    assert speeds.shape == (4,) and len(set(speeds.round(4))) == 4 and (speeds > 1.9).all() and (speeds < 2.7).all()
+    assert ((factors["kp"] >= 0.8) & (factors["kp"] <= 1.2)).all() and len(set(factors["kd"].round(4))) == 4
     with pytest.raises(ValueError, match="torque_scale must be a finite value > 0"):
         run_bcg(PUSH, torque_scale=0.0)
+
+
+def test_the_gain_randomisation_reaches_mujocos_push_off_with_the_default_law():
+    """Rows of per-environment physics through the push-off at once: the model's own row reproduces the single run,
+    and the default family's gain corner (kp x1.2, kd x0.8) with the torque limits x1.2 takes off faster than MuJoCo
+    with the default law, which no contact or torque corner alone does."""
+    import torch
+
+    from bcg.sim import default_physics, load_model
+
+    model = load_model(substeps=1, dt=DT)
+    base = default_physics(model, 2)
+    scale = torch.tensor([[1.0], [1.2]])
+    corner = base._replace(kp=base.kp * scale, kd=base.kd * torch.tensor([[1.0], [0.8]]),
+                           torque_limit=base.torque_limit * scale)
+    own, strong = (metrics(tr)["takeoff_speed"] for tr in run_bcg_batch(PUSH, model, corner))
+    # measured: 2.2182 (as run_bcg), 2.507 against MuJoCo's 2.455
+    assert own == pytest.approx(metrics(run_bcg(PUSH))["takeoff_speed"], abs=1e-6)
+    assert strong > metrics(run_mujoco(PUSH))["takeoff_speed"] + 0.03
+    with pytest.raises(ValueError, match="run_bcg_batch needs a model of one 0.005 s substep per call"):
+        run_bcg_batch(PUSH, load_model(), base)

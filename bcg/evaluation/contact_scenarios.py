@@ -24,6 +24,8 @@ import numpy as np
 if TYPE_CHECKING:  # pragma: no cover
     import mujoco
 
+    from bcg.sim import Physics, SimModel
+
 __all__ = [
     "DROP",
     "PUSH",
@@ -36,6 +38,7 @@ __all__ = [
     "Scenario",
     "metrics",
     "run_bcg",
+    "run_bcg_batch",
     "run_mujoco",
 ]
 
@@ -352,27 +355,47 @@ def run_bcg(scenario: Scenario, torque_scale: float = 1.0, **params: Any) -> Con
     :func:`bcg.sim.load_model` (e.g. ``kappa``), ``torque_scale`` multiplies every actuator's torque limit. The model
     takes one substep per call so that every 5 ms step is sampled; with the targets held this is the same dynamics as
     ``substeps`` of them per call."""
-    import torch
-
-    from bcg.sim import load_model, step
+    from bcg.sim import load_model
 
     if not (torque_scale > 0 and np.isfinite(torque_scale)):
         raise ValueError(f"torque_scale must be a finite value > 0, got {torque_scale!r}")
     model = load_model(**{**params, "substeps": 1, "dt": DT})
     if torque_scale != 1.0:
         model = model.with_gains(torque_limit=np.asarray(model.torque_limit) * torque_scale)
+    return _simulate_bcg(scenario, model, None)[0]
+
+
+def run_bcg_batch(scenario: Scenario, model: SimModel, physics: Physics) -> list[ContactTrace]:
+    """The scenario in :mod:`bcg.sim` for every row of ``physics`` at once (per-environment masses, gains, torque
+    limits, ground; e.g. drawn by :func:`bcg.envs.randomization.sample_physics`), all from the same initial state
+    with the same targets. ``model`` must take one substep of :data:`DT` per call (``load_model(substeps=1,
+    dt=DT)``), so that every step is sampled."""
+    if model.params.substeps != 1 or abs(model.params.dt - DT) > 1e-12:
+        raise ValueError(f"run_bcg_batch needs a model of one {DT:g} s substep per call "
+                         f"(load_model(substeps=1, dt={DT:g})), got {model.params.substeps} x {model.params.dt:g} s")
+    return _simulate_bcg(scenario, model, physics)
+
+
+def _simulate_bcg(scenario: Scenario, model: SimModel, physics: Physics | None) -> list[ContactTrace]:
+    """Step ``model`` (one substep per call) through ``scenario`` for the rows of ``physics`` (one environment with
+    the model's own parameters if None) and measure each trajectory."""
+    import torch
+
+    from bcg.sim import step
+
+    n_env = 1 if physics is None else int(physics.kp.shape[0])
     q0, qd0 = scenario.initial_state()
-    q = torch.tensor(q0, dtype=torch.float32)[None]
-    qd = torch.tensor(qd0, dtype=torch.float32)[None]
+    q = torch.tensor(q0, dtype=torch.float32)[None].repeat(n_env, 1)
+    qd = torch.tensor(qd0, dtype=torch.float32)[None].repeat(n_env, 1)
     n = int(round(scenario.seconds / DT))
-    qs, imp = np.empty((n, model.nq)), np.empty(n)
+    qs, imp = np.empty((n, n_env, model.nq)), np.empty((n, n_env))
     with torch.no_grad():
         for k in range(n):
-            targets = torch.tensor(scenario.targets(k * DT), dtype=torch.float32)[None]
-            q, qd, rep = step(model, q, qd, targets)
-            qs[k] = q[0].double().numpy()
-            imp[k] = float(rep.impulse.sum())
-    return ContactTrace.from_qpos(scenario.name, q0, qs, imp)
+            targets = torch.tensor(scenario.targets(k * DT), dtype=torch.float32)[None].expand(n_env, -1)
+            q, qd, rep = step(model, q, qd, targets, physics)
+            qs[k] = q.double().numpy()
+            imp[k] = rep.impulse.reshape(n_env, -1).sum(1).double().numpy()
+    return [ContactTrace.from_qpos(scenario.name, q0, qs[:, e], imp[:, e]) for e in range(n_env)]
 
 
 def run_mujoco(scenario: Scenario) -> ContactTrace:
