@@ -25,8 +25,8 @@ LEVERS: tuple[str, ...] = ("domain_randomization", "adaptive_start", "adaptive_s
                            "termination_anchor_height", "termination_gravity_z", "termination_end_effector_height",
                            "replay_threshold",
                            "action_scale_torque", "kappa", "soft_contact_timeconst", "contact_beta",
-                           "contact_randomization", "torque_limit_randomization", "friction_range",
-                           "reference_joint_margin")
+                           "contact_randomization", "torque_limit_randomization", "torque_limit_range",
+                           "friction_range", "reference_joint_margin", "pd_lookahead")
 """TrainConfig fields (or fields of its dynamics or episode layers) a run of this table may set apart from `bcg train`'s
 defaults."""
 
@@ -64,7 +64,7 @@ def settings(cfg_dict: dict[str, Any]) -> str:
         if key in terminations and len(terminations) == 3:
             if key == terminations[0]:
                 parts.append("--termination-{anchor-height,gravity-z,end-effector-height} None")
-        elif isinstance(value, bool):
+        elif isinstance(value, bool) and _option(default, key) is not None:  # a flag pair; `bool | None` takes a value
             parts.append(flag if value else f"--no-{flag[2:]}")
         elif isinstance(value, (tuple, list)):
             parts.append(f"{flag} {' '.join(str(v) for v in value)}")

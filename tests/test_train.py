@@ -332,6 +332,21 @@ def test_friction_range_replaces_the_randomised_friction_and_survives_the_config
     assert config_from_dict(d).friction_range is None
 
 
+def test_torque_limit_range_replaces_the_torque_limit_draw_only_when_that_draw_is_on():
+    from bcg.agents.train import config_from_dict, config_to_dict, parse_train_args
+
+    cfg = parse_train_args(["--torque-limit-range", "1.0", "1.4"])
+    dr = cfg.env_config().domain_randomization
+    assert dr.torque_limit_scale == (1.0, 1.4) and dr.contact_beta == (0.1, 0.5) and dr.friction == (0.3, 1.2)
+    assert config_from_dict(json.loads(json.dumps(config_to_dict(cfg)))) == cfg
+    d = config_to_dict(parse_train_args([]))
+    del d["torque_limit_range"]  # a run recorded before the option existed
+    assert config_from_dict(d).torque_limit_range is None
+    with pytest.raises(ValueError, match="torque_limit_range is the range of --torque-limit-randomization, which is "
+                                         "off"):
+        parse_train_args(["--torque-limit-range", "1.0", "1.4", "--no-torque-limit-randomization"])
+
+
 @pytest.mark.parametrize("args, message", [
     (["--iterations", "0"], "iterations must be an integer >= 1, got 0"),
     (["--motion", "moonwalk"], "unknown motion 'moonwalk': expected one of run, jump, fight, dance"),
@@ -342,6 +357,7 @@ def test_friction_range_replaces_the_randomised_friction_and_survives_the_config
     (["--seed", "-1"], "seed must be an integer in"),
     (["--shac.num-envs", "0"], "num_envs"),
     (["--friction-range", "0.8", "0.2"], "friction_range must be two numbers LO HI with 0 < LO <= HI"),
+    (["--torque-limit-range", "0", "1.2"], "torque_limit_range must be two numbers LO HI with 0 < LO <= HI"),
 ])
 def test_bad_values_refused(args, message, capsys):
     from bcg.cli import main

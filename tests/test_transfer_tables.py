@@ -23,6 +23,13 @@ def test_randomisation_flags_and_friction_range_are_named_as_typed() -> None:
         "--estimator bptt --no-contact-randomization --no-torque-limit-randomization --friction-range 0.2 0.8")
 
 
+def test_the_torque_limit_range_and_the_pd_law_are_named_as_typed() -> None:
+    from bcg.envs import Dynamics
+
+    cfg = default_config("shac", torque_limit_range=(1.0, 1.4), dynamics=Dynamics(pd_lookahead=False))
+    assert tables.settings(config_to_dict(cfg)) == "--estimator bptt --torque-limit-range 1.0 1.4 --pd-lookahead False"
+
+
 def test_a_run_written_before_the_randomisations_were_on_by_default_names_them_off() -> None:
     d = config_to_dict(default_config("shac"))
     for key in ("contact_randomization", "torque_limit_randomization"):

@@ -175,6 +175,11 @@ class TrainConfig:
     """Randomise each actuator's torque limit (where its torque saturates) by U(0.85, 1.2) per environment (MuJoCo's
     hard clamp gives up to 16 % more than our smooth saturation near the limit; docs/envs.md). Works with or without
     --domain-randomization; --no-torque-limit-randomization: off (on by default, as the previous flag)."""
+    torque_limit_range: tuple[float, float] | None = None
+    """Range LO HI that --torque-limit-randomization draws each actuator's torque-limit scale from (None: U(0.85,
+    1.2)). MuJoCo's clamp acts about as our saturation with every limit x1.19, so a range centred there (1.0 1.4)
+    trains on push-offs as strong as MuJoCo's more often (benchmarks/push_off_randomization.py; docs/envs.md). Needs
+    --torque-limit-randomization."""
     friction_range: tuple[float, float] | None = None
     """Range LO HI of the ground friction coefficient drawn per environment (None: domain randomisation's U(0.3, 1.2),
     or the model's 0.8 without it). A lower range trains on feet that slide and turn more freely: in MuJoCo a foot
@@ -241,12 +246,17 @@ class TrainConfig:
         if not (isinstance(self.eval_seconds, numbers.Real) and math.isfinite(self.eval_seconds)
                 and self.eval_seconds > 0):
             raise ValueError(f"eval_seconds must be a finite number > 0, got {self.eval_seconds!r}")
-        fr = self.friction_range
-        if fr is not None:
-            if not (len(fr) == 2 and all(isinstance(x, numbers.Real) and math.isfinite(x) for x in fr)
-                    and 0 < fr[0] <= fr[1]):
-                raise ValueError(f"friction_range must be two numbers LO HI with 0 < LO <= HI, got {fr!r}")
-            object.__setattr__(self, "friction_range", (float(fr[0]), float(fr[1])))  # a config file gives a list
+        for name in ("friction_range", "torque_limit_range"):
+            r = getattr(self, name)
+            if r is None:
+                continue
+            if not (len(r) == 2 and all(isinstance(x, numbers.Real) and math.isfinite(x) for x in r)
+                    and 0 < r[0] <= r[1]):
+                raise ValueError(f"{name} must be two numbers LO HI with 0 < LO <= HI, got {r!r}")
+            object.__setattr__(self, name, (float(r[0]), float(r[1])))  # a config file gives a list
+        if self.torque_limit_range is not None and not self.torque_limit_randomization:
+            raise ValueError("torque_limit_range is the range of --torque-limit-randomization, which is off "
+                             "(--no-torque-limit-randomization): drop one of the two")
         for name, unit in (("action_scale", " [rad]"), ("action_scale_torque", "")):
             v = getattr(self, name)
             if v is not None and not (isinstance(v, numbers.Real) and math.isfinite(v) and v > 0):
@@ -318,6 +328,7 @@ class TrainConfig:
 
         extra = {**(CONTACT_RANDOMIZATION if self.contact_randomization else {}),
                  **(TORQUE_LIMIT_RANDOMIZATION if self.torque_limit_randomization else {}),
+                 **({"torque_limit_scale": self.torque_limit_range} if self.torque_limit_range else {}),
                  **({"friction": self.friction_range} if self.friction_range else {})}
         if not extra:
             return bool(self.domain_randomization)
