@@ -142,6 +142,11 @@ METHODS_JUMP: tuple[tuple[str, tuple[str, ...]], ...] = (
 variant, seed 2 as the third seeds)."""
 
 
+PPO_RUN_3600 = ("def60-ppo-run-s0",)
+"""PPO on the run clip with `bcg train --agent ppo`'s defaults for 3600 s on the slower machine, one run at a time,
+seed 0."""
+
+
 RUN_PREVIOUS_1200 = ("def20-bcg-run-s0", "def20-bcg-run-s1")
 """The run clip with the previous default (`--adaptive-start-credit start`, no ground or torque-limit randomisation)
 for 1200 s, seeds 0 and 1: the baseline of several tables."""
@@ -194,6 +199,12 @@ RUN_DEFAULT_1200 = ("d20-bcg-run-s0", "d20-bcg-run-s1")
 RUN_DEFAULT_3600 = ("d60-bcg-run-s0", "d60-bcg-run-s1")
 """The run clip with today's default for 3600 s on the slower machine, one run at a time, seeds 0 (the seed whose
 earlier-default hour drifted off the reference's path) and 1."""
+METHODS_RUN_3600: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("SHAC+BCG (today's default)", RUN_DEFAULT_3600),
+    ("PPO", PPO_RUN_3600),
+)
+"""SHAC+BCG and PPO on the run clip at 3600 s each, one run at a time on the slower machine."""
+
 FIGHT_DEFAULT_1200 = ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")
 """The fight with today's default for 1200 s on the faster machine, seeds 0 and 1."""
 FIGHT_DEFAULT_700 = ("endcrtlr12-bcg-fight-s0", "endcrtlr12-bcg-fight-s1")
@@ -375,6 +386,7 @@ def tables(root: Path) -> dict[str, tuple[str, str]]:
         "ablation": ("Ablation, run clip", grouped(root, ABLATION, "levers")),
         "methods": ("Methods, run clip", grouped(root, METHODS, "method")),
         "methods_jump": ("Methods, jump clip, 3600 s", grouped(root, METHODS_JUMP, "method")),
+        "methods_run_3600": ("Methods, run clip, 3600 s", grouped(root, METHODS_RUN_3600, "method")),
         "defaults": ("`bcg train` default, per clip", grouped(root, DEFAULTS, "clip", iterations=True)),
         "jump": ("The jump's landings", grouped(root, JUMP_LEVERS, "jump, SHAC+BCG")),
         "spinkarate": ("SpinKarate's transfer gap", grouped(root, SPINKARATE_LEVERS, "SpinKarate, SHAC+BCG")),
