@@ -9,11 +9,12 @@ Those corners hold every other parameter at the model's value; ``bcg train`` als
 by one factor each), the masses, centres of mass, armature and joint damping, so the script then draws ``--members``
 simulators from the whole default family (``TrainConfig().env_config().domain_randomization``, the draw the training
 environments make at each reset) and prints the distribution of their take-off speeds and the share faster than
-MuJoCo: how often a policy trained on that family meets a push-off as strong as MuJoCo's.
+MuJoCo: how often a policy trained on that family meets a push-off as strong as MuJoCo's. ``--torque-limit-range LO
+HI`` draws the family of ``bcg train --torque-limit-range LO HI`` instead.
 
 Usage::
 
-    python benchmarks/push_off_randomization.py [--members 128] [--seed 0]
+    python benchmarks/push_off_randomization.py [--members 128] [--seed 0] [--torque-limit-range LO HI]
 """
 
 from __future__ import annotations
@@ -44,11 +45,12 @@ def family() -> list[tuple[str, float, dict[str, float]]]:
     return out
 
 
-def drawn_speeds(members: int, seed: int, pd_lookahead: bool) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Take-off speeds [m/s] of ``members`` simulators drawn from ``bcg train``'s default randomisation (one
-    generator seeded ``seed``, so both laws meet the same draws), and the drawn PD-gain and torque-limit factors
-    (``kp``, ``kd``: [members] factor on the model's gains; ``torque``: [members] mean factor on the limits)."""
-    dr = TrainConfig().env_config().domain_randomization
+def drawn_speeds(members: int, seed: int, pd_lookahead: bool, torque_limit_range: tuple[float, float] | None = None
+                 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Take-off speeds [m/s] of ``members`` simulators drawn from ``bcg train``'s randomisation (its defaults, or
+    with ``--torque-limit-range``; one generator seeded ``seed``, so both laws meet the same draws), and the drawn
+    factors (``kp``, ``kd``, ``torque_limit``: [members], each the mean factor on the model's values)."""
+    dr = TrainConfig(torque_limit_range=torque_limit_range).env_config().domain_randomization
     model = load_model(substeps=1, dt=DT, pd_lookahead=pd_lookahead)
     base = default_physics(model, members)
     physics = sample_physics(base, dr, torch.Generator().manual_seed(seed), model.params)
@@ -62,9 +64,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", type=int, default=128, help="simulators drawn from the default family")
     parser.add_argument("--seed", type=int, default=0, help="seed of the draw")
+    parser.add_argument("--torque-limit-range", type=float, nargs=2, default=None, metavar=("LO", "HI"),
+                        help="the torque-limit range of the drawn family (default: bcg train's)")
     args = parser.parse_args(argv)
     if args.members < 1:
         parser.error(f"--members must be >= 1, got {args.members}")
+    limits = None if args.torque_limit_range is None else tuple(args.torque_limit_range)
+    try:
+        TrainConfig(torque_limit_range=limits)
+    except ValueError as err:
+        parser.error(str(err))
     mujoco_speed = metrics(run_mujoco(PUSH))["takeoff_speed"]
     print(f"MuJoCo: the centre of mass takes off at {mujoco_speed:.3f} m/s\n")
     members = family()
@@ -81,10 +90,11 @@ def main(argv: list[str] | None = None) -> int:
         low, high = min(speeds.values()), max(speeds.values())
         where = "inside" if low <= mujoco_speed <= high else ("above" if mujoco_speed > high else "below")
         print(f"range {low:.3f}-{high:.3f} m/s: MuJoCo's {mujoco_speed:.3f} is {where} it")
-        drawn, factors = drawn_speeds(args.members, args.seed, lookahead)
+        drawn, factors = drawn_speeds(args.members, args.seed, lookahead, limits)
         p5, p50, p95 = np.percentile(drawn, (5, 50, 95))
         fast = drawn >= mujoco_speed
-        print(f"{args.members} members drawn from the whole default family (seed {args.seed}): median {p50:.3f}, "
+        family_name = "default family" if limits is None else f"family with torque limits x{limits[0]:g}-{limits[1]:g}"
+        print(f"{args.members} members drawn from the whole {family_name} (seed {args.seed}): median {p50:.3f}, "
               f"5-95 % {p5:.3f}-{p95:.3f}, max {drawn.max():.3f} m/s; {fast.mean():.0%} at or above MuJoCo's")
         if fast.any():
             print("  those members' mean factors: " + ", ".join(

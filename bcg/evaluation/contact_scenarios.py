@@ -197,11 +197,13 @@ class ContactTrace:
     start_com: np.ndarray
 
     @classmethod
-    def from_qpos(cls, name: str, q0: np.ndarray, qpos: np.ndarray, impulse: np.ndarray) -> ContactTrace:
-        """Measure a trajectory: ``q0`` [nq] initial qpos, ``qpos`` [T, nq] after each step, ``impulse`` [T]."""
+    def from_qpos(cls, name: str, q0: np.ndarray, qpos: np.ndarray, impulse: np.ndarray,
+                  kinematics: tuple[mujoco.MjModel, np.ndarray, np.ndarray, int] | None = None) -> ContactTrace:
+        """Measure a trajectory: ``q0`` [nq] initial qpos, ``qpos`` [T, nq] after each step, ``impulse`` [T];
+        ``kinematics``: a :func:`_kinematics_model` to reuse across traces (default: loaded for this one)."""
         import mujoco
 
-        m, spheres, feet, pelvis = _kinematics_model()
+        m, spheres, feet, pelvis = kinematics if kinematics is not None else _kinematics_model()
         d = mujoco.MjData(m)
         qs = np.concatenate([q0[None], qpos]).astype(np.float64)
         pel, foot, pen = np.empty((len(qs), 3)), np.empty((len(qs), 3)), np.empty((len(qs), len(spheres)))
@@ -395,7 +397,8 @@ def _simulate_bcg(scenario: Scenario, model: SimModel, physics: Physics | None) 
             q, qd, rep = step(model, q, qd, targets, physics)
             qs[k] = q.double().numpy()
             imp[k] = rep.impulse.reshape(n_env, -1).sum(1).double().numpy()
-    return [ContactTrace.from_qpos(scenario.name, q0, qs[:, e], imp[:, e]) for e in range(n_env)]
+    kinematics = _kinematics_model()
+    return [ContactTrace.from_qpos(scenario.name, q0, qs[:, e], imp[:, e], kinematics) for e in range(n_env)]
 
 
 def run_mujoco(scenario: Scenario) -> ContactTrace:
