@@ -181,8 +181,8 @@ run at a time, seeds 0 and 1 (seed 1 shared the cores with tests for a few minut
 SPINKARATE_TORQUE_RANGE_10400 = ("tlr14-bcg-spinkarate-s0",)
 """SpinKarate with today's default and --torque-limit-range 1.0 1.4 for 10 400 iterations (--iterations 10400
 --shac.max-iterations 10400: the one-run-at-a-time default runs' mean at 3600 s, the learning rate decaying over them;
-the machine of that session took about 1.45x their time per iteration, so the budget is counted in iterations), seed
-0."""
+the machine of that session took about 1.2x their time per iteration and the run shared its cores with evaluations
+for part of its time, so the budget is counted in iterations), seed 0."""
 JUMP_DEFAULT_3600 = ("endcrtlr60-bcg-jump-s0", "endcrtlr60-bcg-jump-s1")
 """The jump with today's default for 3600 s, seeds 0 and 1."""
 JAZZWALK_DEFAULT_3600 = ("endcrtlr60-bcg-jazzwalk-s0", "endcrtlr60-bcg-jazzwalk-s1")
