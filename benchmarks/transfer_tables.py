@@ -8,8 +8,8 @@ episodes through the whole clip, in MuJoCo and in our simulator). The checkpoint
     python benchmarks/transfer_tables.py --write docs/shac.md README.md          # replace them in the docs
 
 ``--write`` replaces the text between ``<!-- transfer_tables:NAME -->`` and ``<!-- /transfer_tables:NAME -->`` in
-each file by table NAME (runs, ablation, methods, methods_jump, defaults, jump,
-spinkarate, bundle_size, window_size, randomization); a file without a marker is left as it is.
+each file by table NAME (the keys of ``tables()``: runs, ablation, methods, methods_jump, methods_run_3600, defaults,
+jump, spinkarate, window_size, bundle_size, randomization, default_change); a file without a marker is left as it is.
 """
 
 from __future__ import annotations
