@@ -218,6 +218,9 @@ METHODS_RUN_3600: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 FIGHT_DEFAULT_1200 = ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")
 """The fight with today's default for 1200 s on the faster machine, seeds 0 and 1."""
+FIGHT_DEFAULT_3600 = ("d60-bcg-fight-s0",)
+"""The fight with today's default for 3600 s on the slower machine, one run at a time, seed 0 (its session's machine
+took 63.9 s for the first 150 iterations of the run's default; the first 15 minutes beside a niced curve replay)."""
 FIGHT_DEFAULT_700 = ("endcrtlr12-bcg-fight-s0", "endcrtlr12-bcg-fight-s1")
 """The fight with today's default for 700 s on the faster machine (the previous default's iterations at 1200 s)."""
 DANCE_DEFAULT_1200 = ("endcrtlr20-bcg-dance-s0", "endcrtlr20-bcg-dance-s1")
@@ -234,6 +237,7 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("jump (3600 s)", JUMP_DEFAULT_3600),
     ("jump (3600 s), previous default", JUMP_PREVIOUS_3600),
     ("jump (3600 s), earlier default", JUMP_EARLIER_3600),
+    ("fight (3600 s, one run at a time)", FIGHT_DEFAULT_3600),
     ("fight (1200 s)", FIGHT_DEFAULT_1200),
     ("fight (700 s)", FIGHT_DEFAULT_700),
     ("fight (1200 s), previous default", FIGHT_PREVIOUS_1200),
