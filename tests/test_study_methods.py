@@ -21,17 +21,17 @@ def _point(samples: int, e_track: float, episode: float, falls: int = 0) -> Curv
 
 
 def _run(root: Path, name: str, agent: str, estimator: str | None, seed: int, final: tuple[float, float, int],
-         curve: list[CurvePoint] | None, kept: bool = False, **settings: object) -> Path:
+         curve: list[CurvePoint] | None, kept: bool = False, done: int = 2, **settings: object) -> Path:
     """A finished run: config.json, metrics.csv, the final replay (eval/jump/metrics.json, or eval_jump.json when
     ``kept``) with ``final`` = (E_track [cm], mean episode [s], falls), and the curve (eval/curve-jump/curve.csv or
-    curve_jump.csv)."""
+    curve_jump.csv); ``done``: the iterations it completed."""
     run = root / name
     run.mkdir(parents=True)
     cfg = {"agent": agent, "motion": "jump", "seed": seed, "kappa": None, "max_time_s": 60.0,
            "estimator": None if estimator is None else {"name": estimator}, **settings}
     (run / "config.json").write_text(json.dumps(cfg))
     last = curve[-1].samples if curve else 1000
-    (run / "metrics.csv").write_text(f"iteration,samples,wall_time_s\n1,500,1.0\n2,{last},2.0\n")
+    (run / "metrics.csv").write_text(f"iteration,samples,wall_time_s\n1,500,1.0\n{done},{last},2.0\n")
     e, ep, falls = final
     sim = {"e_track_cm": e, "falls": falls, "episodes": 8, "mean_episode_seconds": ep, "fall_rate": falls / 8,
            "unstable": 0, "steps": 100, "mean_penetration_mm": 1.0}
@@ -106,7 +106,7 @@ def test_runs_of_one_method_with_other_settings_are_labelled_apart(tmp_path: Pat
         _run(tmp_path, "a-s0", "shac", "bcg", 0, (10.0, 9.0, 0), None),
         _run(tmp_path, "a-s1", "shac", "bcg", 1, (12.0, 9.0, 0), None),
         _run(tmp_path, "b-s0", "shac", "bcg", 0, (8.0, 9.0, 0), None, adaptive_start_credit="start"),
-        _run(tmp_path, "t-s0", "shac", "bcg", 0, (9.0, 9.0, 0), None, max_time_s=120.0),
+        _run(tmp_path, "t-s0", "shac", "bcg", 0, (9.0, 9.0, 0), None, done=4, max_time_s=120.0),
     ])
     labels = {r.name: r.label for r in runs}
     assert labels["a-s0"] == labels["a-s1"] == "SHAC+BCG [adaptive_start_credit=end, max_time_s=60.0]"
@@ -115,3 +115,22 @@ def test_runs_of_one_method_with_other_settings_are_labelled_apart(tmp_path: Pat
     rows = transfer_rows(runs)
     assert sorted(len(r["seeds"]) for r in rows) == [1, 1, 2]
     assert all(r["paper_e_track_cm"] == 18.6 for r in rows)  # the paper's figure of the method, whatever the setting
+
+
+def test_a_budget_written_two_ways_is_one_setting(tmp_path: Path) -> None:
+    """A run stopped by ``--iterations N`` and one whose time budget stopped it after N iterations share a row (their
+    label names both ways); a third budget is labelled apart, and the seeds of one time budget stay together though
+    they completed different iterations."""
+    runs = read_runs([
+        _run(tmp_path, "time-s0", "ppo", None, 0, (20.0, 9.0, 1), None, done=7),
+        _run(tmp_path, "iters-s1", "ppo", None, 1, (24.0, 8.0, 3), None, done=7, max_time_s=None, iterations=7),
+        _run(tmp_path, "short-s0", "ppo", None, 0, (30.0, 5.0, 6), None, done=3, max_time_s=None, iterations=3),
+    ])
+    labels = {r.name: r.label for r in runs}
+    assert labels["time-s0"] == labels["iters-s1"] == "PPO [iterations=7 / max_time_s=60.0]"
+    assert labels["short-s0"] == "PPO [iterations=3]"
+    assert sorted(len(r["seeds"]) for r in transfer_rows(runs)) == [1, 2]
+
+    seeds = read_runs([_run(tmp_path / "b", f"t-s{s}", "ppo", None, s, (20.0, 9.0, 1), None, done=7 + s)
+                       for s in (0, 1)])
+    assert {r.label for r in seeds} == {"PPO"}

@@ -58,6 +58,8 @@ class MethodRun:
     curve: tuple[CurvePoint, ...]
     wall_time_s: float = math.nan
     """Training wall time [s] at the end of the run."""
+    iterations: int = 0
+    """Training iterations the run completed (the last row of its metrics)."""
     settings: tuple[tuple[str, Any], ...] = ()
     """The run's training config, flattened (``shac.horizon``, ``estimator.tau``, ...), without the fields that do
     not change what it computes (seed, paths, threads, progress); runs of one method that differ here are labelled
@@ -91,6 +93,7 @@ def read_runs(dirs: Sequence[str | Path]) -> list[MethodRun]:
             e_track_cm=_float(tr["e_track_cm"]), bcg_e_track_cm=_float(tr["bcg_e_track_cm"]),
             curve=tuple(read_curve(curve_path)) if curve_path else (),
             wall_time_s=_last(metrics, "wall_time_s", math.nan),
+            iterations=int(_last(metrics, "iteration", 0)),
             settings=_settings(cfg)))
     return label_by_settings(out)
 
@@ -130,20 +133,61 @@ def _settings(cfg: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
     return tuple(sorted((k, v) for k, v in flat.items() if k not in skip))
 
 
+_BUDGET_FIELDS = ("iterations", "max_time_s")
+"""The settings that say when training stops; two runs that completed the same iterations had the same budget
+whichever way it was written (``--iterations 3251`` against a ``--max-time-s 3600`` run that stopped there)."""
+
+
+def _requested_budget(settings: dict[str, Any]) -> str:
+    """How a run's budget was asked for (``max_time_s=3600.0``, ``iterations=3251``)."""
+    asked = [f"{k}={settings[k]}" for k in _BUDGET_FIELDS if settings.get(k) is not None]
+    return ", ".join(asked) or "iterations=default"
+
+
+def _budget_classes(runs: Sequence[MethodRun]) -> list[int]:
+    """For each run, the index of its budget class: runs asked for the same budget, or that completed the same
+    number of iterations, share one (transitively)."""
+    parent = list(range(len(runs)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    asked = [_requested_budget(dict(r.settings)) for r in runs]
+    for i in range(len(runs)):
+        for j in range(i):
+            same_done = runs[i].iterations > 0 and runs[i].iterations == runs[j].iterations
+            if asked[i] == asked[j] or same_done:
+                parent[root(i)] = root(j)
+    return [root(i) for i in range(len(runs))]
+
+
 def label_by_settings(runs: Sequence[MethodRun]) -> list[MethodRun]:
     """``runs`` with the labels of runs of one clip and method that differ in their settings extended by the
-    differences (``SHAC+BCG [adaptive_start_credit=start]``), so that tables never average unlike runs."""
+    differences (``SHAC+BCG [adaptive_start_credit=start]``), so that tables never average unlike runs. Budgets
+    count as different only between runs that neither asked for the same one nor completed the same iterations
+    (:func:`_budget_classes`); such a label names every way its class's budget was asked for
+    (``PPO [iterations=3251 / max_time_s=3600.0]``)."""
     groups: dict[tuple[str, str], list[int]] = {}
     for i, r in enumerate(runs):
         groups.setdefault((r.clip, r.label), []).append(i)
     out = list(runs)
     for idx in groups.values():
         dicts = [dict(runs[i].settings) for i in idx]
-        keys = sorted({k for d in dicts for k in d if len({repr(e.get(k)) for e in dicts}) > 1})
-        for i, d in zip(idx, dicts, strict=True):
-            if keys:
-                extra = ", ".join(f"{k}={d.get(k)}" for k in keys)
-                out[i] = dataclasses.replace(runs[i], label=f"{runs[i].label} [{extra}]")
+        keys = sorted({k for d in dicts for k in d
+                       if k not in _BUDGET_FIELDS and len({repr(e.get(k)) for e in dicts}) > 1})
+        classes = _budget_classes([runs[i] for i in idx])
+        budget_names: dict[int, str] = {}
+        if len(set(classes)) > 1:
+            for c, d in zip(classes, dicts, strict=True):
+                names = set(budget_names.get(c, "").split(" / ")) - {""} | {_requested_budget(d)}
+                budget_names[c] = " / ".join(sorted(names))
+        for i, d, c in zip(idx, dicts, classes, strict=True):
+            parts = [f"{k}={d.get(k)}" for k in keys] + ([budget_names[c]] if budget_names else [])
+            if parts:
+                out[i] = dataclasses.replace(runs[i], label=f"{runs[i].label} [{', '.join(parts)}]")
     return out
 
 
