@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,8 +84,28 @@ def test_curve_errors_are_messages(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["curve", str(tmp_path / "empty"), "--every", "0"])
     assert "every must be an integer >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["curve", str(tmp_path / "empty"), "--every", "2", "--log-points", "10"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["bcg curve: error: --every 2 and --log-points 10 both choose the checkpoints; give one"]
     # the replay protocol's own checks (an option group shared with bcg evaluate) are one line too
     with pytest.raises(SystemExit):
         main(["curve", str(tmp_path / "empty"), "--seeds", "-1"])
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["bcg curve: error: seeds must be one or more integers >= 0, got (-1,)"]
+
+
+def test_log_spaced_checkpoints_have_a_constant_relative_resolution():
+    """--log-points: the first and last checkpoints, the rest nearest to iterations spaced evenly in their logarithm,
+    so that consecutive scored iterations differ by about the same factor; --every keeps its stride."""
+    from bcg.evaluation import learning_curve as lc
+
+    ckpts = [(it, Path(f"iter_{it:06d}.pt")) for it in range(50, 20_001, 50)]  # 400 checkpoints
+    chosen = [it for it, _ in lc.choose_checkpoints(ckpts, log_points=30)]
+    assert chosen[0] == 50 and chosen[-1] == 20_000 and chosen == sorted(set(chosen))
+    assert len(chosen) == 26  # the first targets fall on the same early checkpoints (50, 100, ...)
+    ratios = [b / a for a, b in zip(chosen, chosen[1:], strict=False)]
+    assert max(r for a, r in zip(chosen, ratios, strict=False) if a >= 1000) < 1.30  # (20000/50)^(1/29) = 1.23
+    assert max(ratios) <= 2.0 and min(ratios) > 1.0
+    assert [it for it, _ in lc.choose_checkpoints(ckpts, every=100)] == [50, 5050, 10050, 15050, 20000]
+    assert [it for it, _ in lc.choose_checkpoints(ckpts[:1], log_points=5)] == [50]

@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,10 +111,26 @@ def checkpoint_report(checkpoint: Path, motion: str | None, options: Any, *, pro
     return report.to_dict()
 
 
+def choose_checkpoints(checkpoints: list[tuple[int, Path]], every: int = 1,
+                       log_points: int | None = None) -> list[tuple[int, Path]]:
+    """The checkpoints (``(iteration, path)`` in iteration order) a curve scores: every ``every``-th, or, with
+    ``log_points``, those nearest (in the logarithm of the iteration) to ``log_points`` iterations spaced evenly in
+    its logarithm from the first checkpoint to the last: a constant relative resolution, fine early where a curve
+    moves fast and where a run first reaches another's final point, sparse late. The last is always scored."""
+    if log_points is None:
+        return [c for k, c in enumerate(checkpoints) if k % every == 0 or k == len(checkpoints) - 1]
+    logs = [math.log(max(it, 1)) for it, _ in checkpoints]
+    lo, hi = logs[0], logs[-1]
+    targets = [lo + (hi - lo) * k / max(log_points - 1, 1) for k in range(log_points)]
+    picked = {min(range(len(logs)), key=lambda i, t=t: abs(logs[i] - t)) for t in targets}
+    return [checkpoints[i] for i in sorted(picked | {len(checkpoints) - 1})]
+
+
 def learning_curve(run_dir: str | Path, options: Any = None, *, motion: str | None = None, every: int = 1,
-                   progress: bool = True) -> tuple[list[CurvePoint], Path]:
-    """Score every ``every``-th checkpoint of a run (and always its last) in MuJoCo and our simulator; returns the
-    points in iteration order and the output folder (:func:`curve_dir`), where each checkpoint's report is cached as
+                   log_points: int | None = None, progress: bool = True) -> tuple[list[CurvePoint], Path]:
+    """Score every ``every``-th checkpoint of a run (or about ``log_points`` of them spaced in the logarithm of the
+    iteration, :func:`choose_checkpoints`; the last always) in MuJoCo and our simulator; returns the points in
+    iteration order and the output folder (:func:`curve_dir`), where each checkpoint's report is cached as
     ``iter_NNNNNN.json`` and reused by later calls. ``options``: a
     :class:`~bcg.evaluation.transfer_protocol.TransferOptions` (None: ``bcg evaluate``'s default protocol)."""
     from bcg.agents.checkpoint import list_checkpoints
@@ -123,11 +140,15 @@ def learning_curve(run_dir: str | Path, options: Any = None, *, motion: str | No
         raise InputNotFoundError(f"{run} has no checkpoints/ folder (not a run directory of bcg train)")
     if isinstance(every, bool) or int(every) != every or every < 1:
         raise UserError(f"--every must be an integer >= 1, got {every!r}")
+    if log_points is not None and (isinstance(log_points, bool) or int(log_points) != log_points or log_points < 2):
+        raise UserError(f"--log-points must be an integer >= 2, got {log_points!r}")
+    if log_points is not None and every != 1:
+        raise UserError(f"--every {every} and --log-points {log_points} both choose the checkpoints; give one")
     checkpoints = list_checkpoints(run / "checkpoints")
     if not checkpoints:
         raise InputNotFoundError(f"{run / 'checkpoints'} holds no checkpoint yet")
     options = options or TransferOptions()
-    chosen = [c for k, c in enumerate(checkpoints) if k % every == 0 or k == len(checkpoints) - 1]
+    chosen = choose_checkpoints(checkpoints, every, log_points)
     progress_of = _training_progress(run)
     clip = motion or json.loads((run / "config.json").read_text())["motion"]  # names the output folder only
     out = curve_dir(run, clip, options)
@@ -228,6 +249,9 @@ class Curve:
     """Run directory (its checkpoints/ folder)."""
     every: int = 1
     """Score every this many checkpoints (the last one always)."""
+    log_points: int | None = None
+    """Instead of --every: score about this many checkpoints, spaced evenly in the logarithm of their iteration
+    (the first and last always), fine early where a curve moves fast, sparse late."""
     motion: str | None = None
     """Clip to track (packaged name or file); default: the run's own clip."""
     protocol: Annotated[TransferOptions, tyro.conf.OmitArgPrefixes] = TransferOptions()
@@ -239,6 +263,11 @@ class Curve:
     def __post_init__(self) -> None:
         if isinstance(self.every, bool) or self.every < 1:
             raise ValueError(f"every must be an integer >= 1, got {self.every!r}")
+        if self.log_points is not None and (isinstance(self.log_points, bool) or self.log_points < 2):
+            raise ValueError(f"log-points must be an integer >= 2, got {self.log_points!r}")
+        if self.log_points is not None and self.every != 1:
+            raise ValueError(f"--every {self.every} and --log-points {self.log_points} both choose the checkpoints; "
+                             "give one")
 
     def run(self) -> int:
         if self.motion is not None:
@@ -246,7 +275,7 @@ class Curve:
 
             resolve_motion_path(self.motion)  # a wrong clip is refused before any replay
         points, out = learning_curve(self.run_dir, self.protocol, motion=self.motion, every=self.every,
-                                     progress=self.progress)
+                                     log_points=self.log_points, progress=self.progress)
         replacing = (out / "curve.csv").exists()
         csv_path = write_curve(points, out / "curve.csv")
         png = plot_curve({self.run_dir.name: points}, out / "curve.png", title=str(self.run_dir))
