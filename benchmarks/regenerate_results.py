@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from transfer_tables import METHODS_RUN_3600, WINDOW_SIZE  # the sibling script (this folder is on sys.path when run)
+from transfer_tables import METHODS_3600, WINDOW_SIZE  # the sibling script (this folder is on sys.path when run)
 
 ROOT = Path(__file__).resolve().parent.parent
 KEPT = ROOT / "benchmarks" / "results" / "stay_up"
@@ -48,8 +48,9 @@ METHOD_RUNS: tuple[str, ...] = (
 """`bcg train`'s default settings per clip and method (run, fight, dance 1200 s; jump 3600 s); runs of the earlier
 default (a failure credited to the end of its episode) and of today's are labelled apart by the study."""
 
-METHOD_RUNS_3600: tuple[str, ...] = tuple(name for _, names in METHODS_RUN_3600 for name in names)
-"""Each method's default for 3600 s, one run at a time (the runs of transfer_tables.METHODS_RUN_3600)."""
+METHOD_RUNS_3600: tuple[str, ...] = tuple(name for groups in METHODS_3600.values() for _, names in groups
+                                          for name in names)
+"""Each method's default for 3600 s, one run at a time (the runs of transfer_tables.METHODS_3600, every clip)."""
 
 STIFFNESS_RUNS: tuple[str, ...] = (
     "k50-bcg-dance-s0", "k50-bcg-dance-s1", "k100-bcg-dance-s0", "k100-bcg-dance-s1", "def-bcg-dance-s0",

@@ -8,8 +8,9 @@ episodes through the whole clip, in MuJoCo and in our simulator). The checkpoint
     python benchmarks/transfer_tables.py --write docs/shac.md README.md          # replace them in the docs
 
 ``--write`` replaces the text between ``<!-- transfer_tables:NAME -->`` and ``<!-- /transfer_tables:NAME -->`` in
-each file by table NAME (the keys of ``tables()``: runs, ablation, methods, methods_jump, methods_run_3600, defaults,
-jump, spinkarate, window_size, bundle_size, randomization, default_change); a file without a marker is left as it is.
+each file by table NAME (the keys of ``tables()``: runs, ablation, methods, methods_jump, methods_run_3600,
+methods_fight_3600, defaults, jump, spinkarate, window_size, bundle_size, randomization, default_change); a file
+without a marker is left as it is.
 """
 
 from __future__ import annotations
@@ -221,6 +222,13 @@ FIGHT_DEFAULT_1200 = ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")
 FIGHT_DEFAULT_3600 = ("d60-bcg-fight-s0",)
 """The fight with today's default for 3600 s on the slower machine, one run at a time, seed 0 (its session's machine
 took 63.9 s for the first 150 iterations of the run's default; the first 15 minutes beside a niced curve replay)."""
+METHODS_FIGHT_3600: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("SHAC+BCG (today's default)", FIGHT_DEFAULT_3600),
+)
+"""SHAC+BCG, SHAC (bptt) and PPO on the fight at 3600 s each, one run at a time (the methods run so far)."""
+METHODS_3600: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "run": METHODS_RUN_3600, "fight": METHODS_FIGHT_3600}
+"""The methods at 3600 s per clip: the runs of `bcg study methods` at the issue's budget."""
 FIGHT_DEFAULT_700 = ("endcrtlr12-bcg-fight-s0", "endcrtlr12-bcg-fight-s1")
 """The fight with today's default for 700 s on the faster machine (the previous default's iterations at 1200 s)."""
 DANCE_DEFAULT_1200 = ("endcrtlr20-bcg-dance-s0", "endcrtlr20-bcg-dance-s1")
@@ -404,6 +412,7 @@ def tables(root: Path) -> dict[str, tuple[str, str]]:
         "methods": ("Methods, run clip", grouped(root, METHODS, "method")),
         "methods_jump": ("Methods, jump clip, 3600 s", grouped(root, METHODS_JUMP, "method")),
         "methods_run_3600": ("Methods, run clip, 3600 s", grouped(root, METHODS_RUN_3600, "method")),
+        "methods_fight_3600": ("Methods, fight clip, 3600 s", grouped(root, METHODS_FIGHT_3600, "method")),
         "defaults": ("`bcg train` default, per clip", grouped(root, DEFAULTS, "clip", iterations=True)),
         "jump": ("The jump's landings", grouped(root, JUMP_LEVERS, "jump, SHAC+BCG")),
         "spinkarate": ("SpinKarate's transfer gap", grouped(root, SPINKARATE_LEVERS, "SpinKarate, SHAC+BCG")),
