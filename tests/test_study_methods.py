@@ -11,7 +11,7 @@ import pytest
 
 from bcg.cli import main
 from bcg.evaluation.learning_curve import CURVE_COLUMNS, CurvePoint
-from bcg.evaluation.study_methods import first_reaching, read_runs, samples_rows, transfer_rows
+from bcg.evaluation.study_methods import first_reaching, read_runs, samples_rows, scored_before, transfer_rows
 
 
 def _point(samples: int, e_track: float, episode: float, falls: int = 0) -> CurvePoint:
@@ -55,6 +55,7 @@ def test_a_checkpoint_reaches_only_when_it_tracks_as_well_and_stands_as_long() -
     assert first_reaching(curve, 20.0, 9.0).samples == 400
     assert first_reaching(curve, 5.0, 1.0) is None
     assert first_reaching(list(reversed(curve)), 20.0, 4.8).samples == 300  # training order, not file order
+    assert scored_before(list(reversed(curve)), curve[2]).samples == 200 and scored_before(curve, curve[0]) is None
 
 
 def test_study_methods_tables_figure_and_kept_runs(tmp_path: Path) -> None:
@@ -77,13 +78,14 @@ def test_study_methods_tables_figure_and_kept_runs(tmp_path: Path) -> None:
     q3 = {r["run"]: r for r in samples_rows(runs)}
     assert set(q3) == {"bcg-s0", "bptt-s0", "bcg-s1"}
     assert q3["bcg-s0"]["samples"] == 500_000 and q3["bcg-s0"]["ratio"] == pytest.approx(8.0)
+    assert q3["bcg-s0"]["samples_before"] == 100_000 and q3["bcg-s0"]["ratio_at_most"] == pytest.approx(40.0)
     assert q3["bptt-s0"]["samples"] is None and q3["bptt-s0"]["has_curve"]
     assert q3["bcg-s1"]["samples"] is None and not q3["bcg-s1"]["has_curve"]
 
     out = tmp_path / "study"
     assert main(["study", "methods", "--runs", *map(str, [*ppo, bcg, bptt, nocurve]), "--out", str(out)]) == 0
     md = (out / "methods.md").read_text()
-    assert "| jump | SHAC+BCG | bcg-s0 | 23.0, 4.50 | 4.00 M | 0.50 M | 500 | 8.0 |" in md
+    assert "| jump | SHAC+BCG | bcg-s0 | 23.0, 4.50 | 4.00 M | 0.50 M | 500 | 0.10 M | 8.0 | 40.0 |" in md
     assert "not reached" in md and "no curve" in md
     assert (out / "study_methods.png").stat().st_size > 10_000
     assert (out / "study_methods_wall_time.png").stat().st_size > 10_000
