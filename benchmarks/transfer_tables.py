@@ -222,8 +222,13 @@ FIGHT_DEFAULT_1200 = ("endcrtlr20-bcg-fight-s0", "endcrtlr20-bcg-fight-s1")
 FIGHT_DEFAULT_3600 = ("d60-bcg-fight-s0",)
 """The fight with today's default for 3600 s on the slower machine, one run at a time, seed 0 (its session's machine
 took 63.9 s for the first 150 iterations of the run's default; the first 15 minutes beside a niced curve replay)."""
+BPTT_FIGHT_3600 = ("def60-bptt-fight-s0",)
+"""SHAC (bptt) on the fight with `bcg train --estimator bptt`'s defaults for 3600 s, one run at a time, seed 0 (its
+session's machine took 54.8 s for the first 150 iterations of the SHAC+BCG default on the run, against 63.9 s for
+FIGHT_DEFAULT_3600's)."""
 METHODS_FIGHT_3600: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SHAC+BCG (today's default)", FIGHT_DEFAULT_3600),
+    ("SHAC (bptt)", BPTT_FIGHT_3600),
 )
 """SHAC+BCG, SHAC (bptt) and PPO on the fight at 3600 s each, one run at a time (the methods run so far)."""
 METHODS_3600: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
