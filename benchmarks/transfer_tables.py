@@ -226,9 +226,13 @@ BPTT_FIGHT_3600 = ("def60-bptt-fight-s0",)
 """SHAC (bptt) on the fight with `bcg train --estimator bptt`'s defaults for 3600 s, one run at a time, seed 0 (its
 session's machine took 54.8 s for the first 150 iterations of the SHAC+BCG default on the run, against 63.9 s for
 FIGHT_DEFAULT_3600's)."""
+PPO_FIGHT_3600 = ("def60-ppo-fight-s0",)
+"""PPO on the fight with `bcg train --agent ppo`'s defaults for 3600 s, one run at a time, seed 0, on the machine of
+BPTT_FIGHT_3600 (a nice-19 test run beside it for 7 of its 60 minutes)."""
 METHODS_FIGHT_3600: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SHAC+BCG (today's default)", FIGHT_DEFAULT_3600),
     ("SHAC (bptt)", BPTT_FIGHT_3600),
+    ("PPO", PPO_FIGHT_3600),
 )
 """SHAC+BCG, SHAC (bptt) and PPO on the fight at 3600 s each, one run at a time (the methods run so far)."""
 METHODS_3600: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
