@@ -111,6 +111,19 @@ def checkpoint_report(checkpoint: Path, motion: str | None, options: Any, *, pro
     return report.to_dict()
 
 
+def check_checkpoint_choice(every: int, log_points: int | None) -> None:
+    """Refuse a stride or a log-spaced count that chooses no checkpoints, or both at once (:class:`UserError`, one
+    line naming the option)."""
+    if isinstance(every, bool) or int(every) != every or every < 1:
+        raise UserError(f"every must be an integer >= 1, got {every!r}")
+    if log_points is None:
+        return
+    if isinstance(log_points, bool) or int(log_points) != log_points or log_points < 2:
+        raise UserError(f"log-points must be an integer >= 2, got {log_points!r}")
+    if every != 1:
+        raise UserError(f"--every {every} and --log-points {log_points} both choose the checkpoints; give one")
+
+
 def choose_checkpoints(checkpoints: list[tuple[int, Path]], every: int = 1,
                        log_points: int | None = None) -> list[tuple[int, Path]]:
     """The checkpoints (``(iteration, path)`` in iteration order) a curve scores: every ``every``-th, or, with
@@ -138,12 +151,7 @@ def learning_curve(run_dir: str | Path, options: Any = None, *, motion: str | No
     run = Path(run_dir)
     if not (run / "checkpoints").is_dir():
         raise InputNotFoundError(f"{run} has no checkpoints/ folder (not a run directory of bcg train)")
-    if isinstance(every, bool) or int(every) != every or every < 1:
-        raise UserError(f"--every must be an integer >= 1, got {every!r}")
-    if log_points is not None and (isinstance(log_points, bool) or int(log_points) != log_points or log_points < 2):
-        raise UserError(f"--log-points must be an integer >= 2, got {log_points!r}")
-    if log_points is not None and every != 1:
-        raise UserError(f"--every {every} and --log-points {log_points} both choose the checkpoints; give one")
+    check_checkpoint_choice(every, log_points)
     checkpoints = list_checkpoints(run / "checkpoints")
     if not checkpoints:
         raise InputNotFoundError(f"{run / 'checkpoints'} holds no checkpoint yet")
@@ -261,13 +269,7 @@ class Curve:
     """Show a progress bar."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.every, bool) or self.every < 1:
-            raise ValueError(f"every must be an integer >= 1, got {self.every!r}")
-        if self.log_points is not None and (isinstance(self.log_points, bool) or self.log_points < 2):
-            raise ValueError(f"log-points must be an integer >= 2, got {self.log_points!r}")
-        if self.log_points is not None and self.every != 1:
-            raise ValueError(f"--every {self.every} and --log-points {self.log_points} both choose the checkpoints; "
-                             "give one")
+        check_checkpoint_choice(self.every, self.log_points)
 
     def run(self) -> int:
         if self.motion is not None:

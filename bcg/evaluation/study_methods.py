@@ -179,13 +179,11 @@ def label_by_settings(runs: Sequence[MethodRun]) -> list[MethodRun]:
         keys = sorted({k for d in dicts for k in d
                        if k not in _BUDGET_FIELDS and len({repr(e.get(k)) for e in dicts}) > 1})
         classes = _budget_classes([runs[i] for i in idx])
-        budget_names: dict[int, str] = {}
-        if len(set(classes)) > 1:
-            for c, d in zip(classes, dicts, strict=True):
-                names = set(budget_names.get(c, "").split(" / ")) - {""} | {_requested_budget(d)}
-                budget_names[c] = " / ".join(sorted(names))
+        asked: dict[int, set[str]] = {}
+        for c, d in zip(classes, dicts, strict=True):
+            asked.setdefault(c, set()).add(_requested_budget(d))
         for i, d, c in zip(idx, dicts, classes, strict=True):
-            parts = [f"{k}={d.get(k)}" for k in keys] + ([budget_names[c]] if budget_names else [])
+            parts = [f"{k}={d.get(k)}" for k in keys] + ([" / ".join(sorted(asked[c]))] if len(asked) > 1 else [])
             if parts:
                 out[i] = dataclasses.replace(runs[i], label=f"{runs[i].label} [{', '.join(parts)}]")
     return out
