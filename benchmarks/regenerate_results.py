@@ -10,7 +10,11 @@ The runs live in ``benchmarks/results/stay_up/RUN/`` (``config.json``, ``metrics
    and ``docs/img/study_methods_3600*.png``;
 3. ``bcg study stiffness`` on the dance runs at four stiffnesses (Q1) -> ``benchmarks/results/stiffness_dance`` and
    ``docs/img/study_stiffness_dance.png``;
-4. ``benchmarks/mujoco_curves.py`` for the curve figures of docs/shac.md and docs/learning_throughput.md.
+4. ``benchmarks/mujoco_curves.py`` for the curve figures of docs/shac.md and docs/learning_throughput.md;
+
+then copies the study figures into ``docs/img`` and quotes the studies' tables (``methods.md``'s Q3 and Q4) into the
+pages that mark them with ``<!-- study_tables:NAME -->`` ... ``<!-- /study_tables:NAME -->`` (README.md,
+docs/studies.md).
 
     python benchmarks/regenerate_results.py            # about a minute; needs only the kept files
     python benchmarks/regenerate_results.py --list     # the commands, without running them
@@ -25,7 +29,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from transfer_tables import METHODS_3600, WINDOW_SIZE  # the sibling script (this folder is on sys.path when run)
+from transfer_tables import METHODS_3600, WINDOW_SIZE, write_into  # the sibling script (on sys.path when run)
 
 ROOT = Path(__file__).resolve().parent.parent
 KEPT = ROOT / "benchmarks" / "results" / "stay_up"
@@ -78,6 +82,45 @@ CURVE_FIGURES: tuple[tuple[str, tuple[str, ...]], ...] = (
 """docs/shac.md's curve figures: (file under docs/img, runs; empty: all)."""
 
 
+STUDY_TABLES: dict[str, tuple[str, str]] = {
+    "methods_q4": ("study_methods", "Tracking after transfer (Q4)"),
+    "methods_q3": ("study_methods", "Samples to reach PPO's final point (Q3)"),
+    "methods_3600_q4": ("study_methods_3600", "Tracking after transfer (Q4)"),
+    "methods_3600_q3": ("study_methods_3600", "Samples to reach PPO's final point (Q3)"),
+}
+"""The study tables the pages quote, by marker name: (study folder under benchmarks/results, heading in methods.md)."""
+QUOTING_PAGES: tuple[str, ...] = ("README.md", "docs/studies.md")
+
+
+def section_table(markdown: str, heading: str) -> str:
+    """The first Markdown table under the heading (any level) named ``heading`` of ``markdown``; a one-line error if
+    the heading or its table is missing."""
+    lines = markdown.splitlines()
+    try:
+        start = next(i for i, line in enumerate(lines) if line.lstrip("#").strip() == heading and line.startswith("#"))
+    except StopIteration:
+        raise SystemExit(f"regenerate_results: no heading {heading!r} in a study's methods.md") from None
+    rows: list[str] = []
+    for line in lines[start + 1:]:
+        if line.startswith("#"):
+            break
+        if line.startswith("|"):
+            rows.append(line)
+        elif rows:
+            break
+    if not rows:
+        raise SystemExit(f"regenerate_results: no table under {heading!r} in a study's methods.md")
+    return "\n".join(rows)
+
+
+def quote_study_tables(results: Path, pages: tuple[Path, ...]) -> dict[str, list[str]]:
+    """Write the STUDY_TABLES read from ``results/STUDY/methods.md`` into the marked places of ``pages``; returns the
+    names replaced per page."""
+    found = {name: (heading, section_table((results / study / "methods.md").read_text(), heading))
+             for name, (study, heading) in STUDY_TABLES.items()}
+    return {str(page): write_into(page, found, kind="study_tables") for page in pages}
+
+
 def kept(names: tuple[str, ...]) -> list[str]:
     """The paths (from the repository root) of the runs ``names`` that are kept (a run not kept yet is left out)."""
     return [str((KEPT / n).relative_to(ROOT)) for n in names if (KEPT / n).is_dir()]
@@ -120,6 +163,9 @@ def main() -> None:
                      ("stiffness_dance/study_stiffness.png", "study_stiffness_dance.png")):
         shutil.copy(ROOT / "benchmarks" / "results" / src, IMG / dst)
     print("copied the study figures into docs/img")
+    for page, names in quote_study_tables(ROOT / "benchmarks" / "results",
+                                          tuple(ROOT / page for page in QUOTING_PAGES)).items():
+        print(f"{Path(page).relative_to(ROOT)}: quoted {', '.join(names) or 'nothing (no markers)'}")
 
 
 if __name__ == "__main__":

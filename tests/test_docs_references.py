@@ -67,3 +67,41 @@ def test_relative_links_resolve():
             if not (page.parent / target.split("#", 1)[0]).exists():
                 broken.append(f"{page.relative_to(ROOT)}: {target}")
     assert not broken, "broken links:\n" + "\n".join(broken)
+
+
+def _heading_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives the headings of a page: lower case, punctuation dropped, spaces as hyphens, a repeated
+    heading numbered -1, -2, ...; headings inside fenced code do not count."""
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    in_code = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        if in_code or not re.match(r"^#{1,6} ", line):
+            continue
+        slug = re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def test_heading_anchors_follow_githubs_rule():
+    text = "# bcg — a title\n## At the issue's budget: the run\n```\n# not a heading\n```\n## Tests\n## Tests\n"
+    assert _heading_anchors(text) == {"bcg--a-title", "at-the-issues-budget-the-run", "tests", "tests-1"}
+
+
+def test_anchor_links_name_a_heading():
+    """Every link to a heading (``#anchor`` on the same page or ``page.md#anchor``) names one that exists."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in _LINK.findall(page.read_text()):
+            if re.match(r"^[a-z]+:", target) or "#" not in target:
+                continue
+            path, anchor = target.split("#", 1)
+            dest = page.parent / path if path else page
+            if dest.suffix == ".md" and dest.exists() and anchor not in _heading_anchors(dest.read_text()):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, "links to headings that do not exist:\n" + "\n".join(broken)
