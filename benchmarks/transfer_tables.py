@@ -228,9 +228,10 @@ BPTT_FIGHT_3600 = ("def60-bptt-fight-s0",)
 """SHAC (bptt) on the fight with `bcg train --estimator bptt`'s defaults for 3600 s, one run at a time, seed 0 (its
 session's machine took 54.8 s for the first 150 iterations of the SHAC+BCG default on the run, against 63.9 s for
 FIGHT_DEFAULT_3600's)."""
-PPO_FIGHT_3600 = ("def60-ppo-fight-s0",)
-"""PPO on the fight with `bcg train --agent ppo`'s defaults for 3600 s, one run at a time, seed 0, on the machine of
-BPTT_FIGHT_3600 (a nice-19 test run beside it for 7 of its 60 minutes)."""
+PPO_FIGHT_3600 = ("def60-ppo-fight-s0", "def60-ppo-fight-s1")
+"""PPO on the fight with `bcg train --agent ppo`'s defaults for 3600 s, one run at a time: seed 0 on the machine of
+BPTT_FIGHT_3600 (a nice-19 test run beside it for 7 of its 60 minutes; 5054 iterations), seed 1 on the machine of
+SHAC+BCG's seed 1 (44.8 s for the first 150 iterations of the run's default; 5953 iterations)."""
 METHODS_FIGHT_3600: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SHAC+BCG (today's default)", FIGHT_DEFAULT_3600),
     ("SHAC (bptt)", BPTT_FIGHT_3600),
