@@ -97,7 +97,7 @@ def section_table(markdown: str, heading: str) -> str:
     the heading or its table is missing."""
     lines = markdown.splitlines()
     try:
-        start = next(i for i, line in enumerate(lines) if line.lstrip("#").strip() == heading and line.startswith("#"))
+        start = next(i for i, line in enumerate(lines) if line.startswith("#") and line.lstrip("#").strip() == heading)
     except StopIteration:
         raise SystemExit(f"regenerate_results: no heading {heading!r} in a study's methods.md") from None
     rows: list[str] = []

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+"""The pages a user reads: the README and docs/*.md."""
 
 # assembled from parts, so that this file does not match its own patterns
 _PRIVATE_NOTES = re.compile("|".join([r"METHOD" + r"\.md", r"DESIGN" + r"\.md", r"SIM_" + r"NOTES",
@@ -58,9 +60,8 @@ def test_no_reference_to_private_notes():
 
 def test_relative_links_resolve():
     """Every relative Markdown link of README.md and docs/*.md names a file or folder of the checkout."""
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     broken = []
-    for page in pages:
+    for page in PAGES:
         for target in _LINK.findall(page.read_text()):
             if re.match(r"^[a-z]+:", target) or target.startswith("#"):
                 continue  # a web address or an anchor on the same page
@@ -94,9 +95,8 @@ def test_heading_anchors_follow_githubs_rule():
 
 def test_anchor_links_name_a_heading():
     """Every link to a heading (``#anchor`` on the same page or ``page.md#anchor``) names one that exists."""
-    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
     broken = []
-    for page in pages:
+    for page in PAGES:
         for target in _LINK.findall(page.read_text()):
             if re.match(r"^[a-z]+:", target) or "#" not in target:
                 continue
