@@ -14,7 +14,8 @@ The runs live in ``benchmarks/results/stay_up/RUN/`` (``config.json``, ``metrics
 
 then copies the study figures into ``docs/img`` and quotes the studies' tables (``methods.md``'s Q3 and Q4) into the
 pages that mark them with ``<!-- study_tables:NAME -->`` ... ``<!-- /study_tables:NAME -->`` (README.md,
-docs/studies.md).
+docs/studies.md), and writes the study commands docs/studies.md shows (``<!-- study_command:NAME -->``) from the same
+run lists.
 
     python benchmarks/regenerate_results.py            # about a minute; needs only the kept files
     python benchmarks/regenerate_results.py --list     # the commands, without running them
@@ -90,6 +91,10 @@ STUDY_TABLES: dict[str, tuple[str, str]] = {
 }
 """The study tables the pages quote, by marker name: (study folder under benchmarks/results, heading in methods.md)."""
 QUOTING_PAGES: tuple[str, ...] = ("README.md", "docs/studies.md")
+STUDY_COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "methods_3600": (METHOD_RUNS_3600, "benchmarks/results/study_methods_3600"),
+}
+"""The `bcg study methods` commands docs/studies.md shows, by marker name: (kept runs, output folder)."""
 
 
 def section_table(markdown: str, heading: str) -> str:
@@ -124,6 +129,20 @@ def quote_study_tables(results: Path, pages: tuple[Path, ...]) -> dict[str, list
 def kept(names: tuple[str, ...]) -> list[str]:
     """The paths (from the repository root) of the runs ``names`` that are kept (a run not kept yet is left out)."""
     return [str((KEPT / n).relative_to(ROOT)) for n in names if (KEPT / n).is_dir()]
+
+
+def study_command(runs: tuple[str, ...], out: str, width: int = 100) -> str:
+    """The ``bcg study methods`` command over the kept ``runs``, as the fenced bash block a page shows (wrapped at
+    ``width`` characters, the kept folder as ``$K``)."""
+    lines, line = [], "bcg study methods --runs"
+    for run in runs:
+        word = f"$K/{run}"
+        if len(line) + 1 + len(word) + 2 > width:
+            lines.append(line + " \\")
+            line = "   "
+        line += " " + word
+    lines += [line + " \\", f"    --out {out}    # python benchmarks/regenerate_results.py runs this"]
+    return "\n".join(["```bash", f"K={KEPT.relative_to(ROOT)}", *lines, "```"])
 
 
 def commands() -> list[list[str]]:
@@ -166,6 +185,9 @@ def main() -> None:
     for page, names in quote_study_tables(ROOT / "benchmarks" / "results",
                                           tuple(ROOT / page for page in QUOTING_PAGES)).items():
         print(f"{Path(page).relative_to(ROOT)}: quoted {', '.join(names) or 'nothing (no markers)'}")
+    shown = {name: ("", study_command(runs, out)) for name, (runs, out) in STUDY_COMMANDS.items()}
+    written = write_into(ROOT / "docs" / "studies.md", shown, kind="study_command")
+    print(f"docs/studies.md: wrote the commands {', '.join(written) or 'nothing (no markers)'}")
 
 
 if __name__ == "__main__":

@@ -74,3 +74,23 @@ def test_the_pages_quote_what_the_kept_studies_hold() -> None:
             if f"<!-- study_tables:{name} -->" in text:
                 table = regenerate.section_table((BENCHMARKS / "results" / study / "methods.md").read_text(), heading)
                 assert f"<!-- study_tables:{name} -->\n{table}\n<!-- /study_tables:{name} -->" in text, (page, name)
+
+
+def test_study_command_lists_every_run_once_and_wraps() -> None:
+    runs = tuple(f"run-number-{i}-s0" for i in range(9))
+    block = regenerate.study_command(runs, "out/study", width=60)
+    lines = block.splitlines()
+    assert lines[:2] == ["```bash", "K=benchmarks/results/stay_up"] and lines[-1] == "```"
+    assert lines[2].startswith("bcg study methods --runs $K/run-number-0-s0")
+    assert all(len(line) <= 60 for line in lines[:-2])
+    assert " ".join(lines[2:-2]).split().count("$K/run-number-4-s0") == 1
+    assert [w for w in block.split() if w.startswith("$K/")] == [f"$K/{r}" for r in runs]
+    assert lines[-2].startswith("    --out out/study")
+
+
+def test_docs_show_the_study_commands_the_script_runs() -> None:
+    """docs/studies.md's 60-minute study command is the one regenerate_results runs (written by it, not by hand)."""
+    text = (BENCHMARKS.parent / "docs" / "studies.md").read_text()
+    for name, (runs, out) in regenerate.STUDY_COMMANDS.items():
+        assert (f"<!-- study_command:{name} -->\n{regenerate.study_command(runs, out)}\n"
+                f"<!-- /study_command:{name} -->") in text, name
