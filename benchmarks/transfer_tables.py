@@ -224,10 +224,12 @@ FIGHT_DEFAULT_3600 = ("d60-bcg-fight-s0", "d60-bcg-fight-s1")
 took 63.9 s for the first 150 iterations of the run's default; the first 15 minutes beside a niced curve replay), seed
 1 on a machine 1.43x faster (44.8 s for the same 150 iterations; 14 434 iterations in the hour against seed 0's
 9977)."""
-BPTT_FIGHT_3600 = ("def60-bptt-fight-s0",)
-"""SHAC (bptt) on the fight with `bcg train --estimator bptt`'s defaults for 3600 s, one run at a time, seed 0 (its
-session's machine took 54.8 s for the first 150 iterations of the SHAC+BCG default on the run, against 63.9 s for
-FIGHT_DEFAULT_3600's)."""
+BPTT_FIGHT_3600 = ("def60-bptt-fight-s0", "def60-bptt-fight-s1")
+"""SHAC (bptt) on the fight with `bcg train --estimator bptt`'s defaults for 3600 s, one run at a time: seed 0 on a
+machine that took 54.8 s for the first 150 iterations of the SHAC+BCG default on the run (63.9 s for
+FIGHT_DEFAULT_3600's seed 0); seed 1 resumed once (`bcg train --resume RUN`): its first 1011 s of training on the 44.8-s
+machine (a nice-19 test run beside it for 10 of them), the rest from the checkpoint at iteration 4750 on a 48.3-s
+machine (12 903 iterations in all)."""
 PPO_FIGHT_3600 = ("def60-ppo-fight-s0", "def60-ppo-fight-s1")
 """PPO on the fight with `bcg train --agent ppo`'s defaults for 3600 s, one run at a time: seed 0 on the machine of
 BPTT_FIGHT_3600 (a nice-19 test run beside it for 7 of its 60 minutes; 5054 iterations), seed 1 on the machine of
