@@ -9,8 +9,8 @@ episodes through the whole clip, in MuJoCo and in our simulator). The checkpoint
 
 ``--write`` replaces the text between ``<!-- transfer_tables:NAME -->`` and ``<!-- /transfer_tables:NAME -->`` in
 each file by table NAME (the keys of ``tables()``: runs, ablation, methods, methods_jump, methods_run_3600,
-methods_fight_3600, defaults, jump, spinkarate, window_size, bundle_size, randomization, default_change); a file
-without a marker is left as it is.
+methods_fight_3600, methods_dance_3600, defaults, jump, spinkarate, window_size, bundle_size, randomization,
+default_change); a file without a marker is left as it is.
 """
 
 from __future__ import annotations
@@ -240,8 +240,15 @@ METHODS_FIGHT_3600: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("PPO", PPO_FIGHT_3600),
 )
 """SHAC+BCG, SHAC (bptt) and PPO on the fight at 3600 s each, one run at a time (the methods run so far)."""
+DANCE_DEFAULT_3600 = ("d60-bcg-dance-s0",)
+"""The dance with today's default for 3600 s, one run at a time, seed 0 (its session's machine took 48.3 s for the
+first 150 iterations of the run's default; 11 657 iterations)."""
+METHODS_DANCE_3600: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("SHAC+BCG (today's default)", DANCE_DEFAULT_3600),
+)
+"""SHAC+BCG, SHAC (bptt) and PPO on the dance at 3600 s each, one run at a time (the methods run so far)."""
 METHODS_3600: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
-    "run": METHODS_RUN_3600, "fight": METHODS_FIGHT_3600}
+    "run": METHODS_RUN_3600, "fight": METHODS_FIGHT_3600, "dance": METHODS_DANCE_3600}
 """The methods at 3600 s per clip: the runs of `bcg study methods` at the issue's budget."""
 METHODS_3600_BY_CLIP: tuple[tuple[str, tuple[str, ...]], ...] = tuple(
     (f"{clip}, {method}", runs) for clip, methods in METHODS_3600.items() for method, runs in methods)
@@ -430,6 +437,7 @@ def tables(root: Path) -> dict[str, tuple[str, str]]:
         "methods_jump": ("Methods, jump clip, 3600 s", grouped(root, METHODS_JUMP, "method")),
         "methods_run_3600": ("Methods, run clip, 3600 s", grouped(root, METHODS_RUN_3600, "method")),
         "methods_fight_3600": ("Methods, fight clip, 3600 s", grouped(root, METHODS_FIGHT_3600, "method")),
+        "methods_dance_3600": ("Methods, dance clip, 3600 s", grouped(root, METHODS_DANCE_3600, "method")),
         "methods_3600": ("Methods at 3600 s, per clip",
                          grouped(root, METHODS_3600_BY_CLIP, "clip, method", iterations=True)),
         "defaults": ("`bcg train` default, per clip", grouped(root, DEFAULTS, "clip", iterations=True)),
