@@ -131,9 +131,14 @@ def kept(names: tuple[str, ...]) -> list[str]:
     return [str((KEPT / n).relative_to(ROOT)) for n in names if (KEPT / n).is_dir()]
 
 
+def kept_names(names: tuple[str, ...]) -> tuple[str, ...]:
+    """Those of ``names`` that are kept, in order (the runs a study command actually gets)."""
+    return tuple(Path(path).name for path in kept(names))
+
+
 def study_command(runs: tuple[str, ...], out: str, width: int = 100) -> str:
-    """The ``bcg study methods`` command over the kept ``runs``, as the fenced bash block a page shows (wrapped at
-    ``width`` characters, the kept folder as ``$K``)."""
+    """The ``bcg study methods`` command over ``runs`` (names under the kept folder), as the fenced bash block a page
+    shows (wrapped at ``width`` characters, the kept folder as ``$K``)."""
     lines, line = [], "bcg study methods --runs"
     for run in runs:
         word = f"$K/{run}"
@@ -185,7 +190,7 @@ def main() -> None:
     for page, names in quote_study_tables(ROOT / "benchmarks" / "results",
                                           tuple(ROOT / page for page in QUOTING_PAGES)).items():
         print(f"{Path(page).relative_to(ROOT)}: quoted {', '.join(names) or 'nothing (no markers)'}")
-    shown = {name: ("", study_command(runs, out)) for name, (runs, out) in STUDY_COMMANDS.items()}
+    shown = {name: ("", study_command(kept_names(runs), out)) for name, (runs, out) in STUDY_COMMANDS.items()}
     written = write_into(ROOT / "docs" / "studies.md", shown, kind="study_command")
     print(f"docs/studies.md: wrote the commands {', '.join(written) or 'nothing (no markers)'}")
 

@@ -92,5 +92,10 @@ def test_docs_show_the_study_commands_the_script_runs() -> None:
     """docs/studies.md's 60-minute study command is the one regenerate_results runs (written by it, not by hand)."""
     text = (BENCHMARKS.parent / "docs" / "studies.md").read_text()
     for name, (runs, out) in regenerate.STUDY_COMMANDS.items():
-        assert (f"<!-- study_command:{name} -->\n{regenerate.study_command(runs, out)}\n"
+        assert (f"<!-- study_command:{name} -->\n{regenerate.study_command(regenerate.kept_names(runs), out)}\n"
                 f"<!-- /study_command:{name} -->") in text, name
+
+
+def test_kept_names_keeps_order_and_drops_runs_not_kept() -> None:
+    assert regenerate.kept_names(("d60-bcg-dance-s0", "no-such-run-s0", "d60-bcg-run-s0")) == (
+        "d60-bcg-dance-s0", "d60-bcg-run-s0")
