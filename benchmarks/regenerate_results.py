@@ -94,7 +94,8 @@ QUOTING_PAGES: tuple[str, ...] = ("README.md", "docs/studies.md")
 STUDY_COMMANDS: dict[str, tuple[tuple[str, ...], str]] = {
     "methods_3600": (METHOD_RUNS_3600, "benchmarks/results/study_methods_3600"),
 }
-"""The `bcg study methods` commands docs/studies.md shows, by marker name: (kept runs, output folder)."""
+"""The `bcg study methods` commands COMMAND_PAGE shows and this script runs, by marker name: (runs, output folder)."""
+COMMAND_PAGE = "docs/studies.md"
 
 
 def section_table(markdown: str, heading: str) -> str:
@@ -126,14 +127,14 @@ def quote_study_tables(results: Path, pages: tuple[Path, ...]) -> dict[str, list
     return {str(page): write_into(page, found, kind="study_tables") for page in pages}
 
 
-def kept(names: tuple[str, ...]) -> list[str]:
-    """The paths (from the repository root) of the runs ``names`` that are kept (a run not kept yet is left out)."""
-    return [str((KEPT / n).relative_to(ROOT)) for n in names if (KEPT / n).is_dir()]
-
-
 def kept_names(names: tuple[str, ...]) -> tuple[str, ...]:
     """Those of ``names`` that are kept, in order (the runs a study command actually gets)."""
-    return tuple(Path(path).name for path in kept(names))
+    return tuple(n for n in names if (KEPT / n).is_dir())
+
+
+def kept(names: tuple[str, ...]) -> list[str]:
+    """The paths (from the repository root) of the runs ``names`` that are kept (a run not kept yet is left out)."""
+    return [str((KEPT / n).relative_to(ROOT)) for n in kept_names(names)]
 
 
 def study_command(runs: tuple[str, ...], out: str, width: int = 100) -> str:
@@ -156,8 +157,7 @@ def commands() -> list[list[str]]:
     out = [[py, "benchmarks/transfer_tables.py", "--write", "docs/shac.md", "README.md",
             "docs/learning_throughput.md"],
            [*bcg, "study", "methods", "--runs", *kept(METHOD_RUNS), "--out", "benchmarks/results/study_methods"],
-           [*bcg, "study", "methods", "--runs", *kept(METHOD_RUNS_3600), "--out",
-            "benchmarks/results/study_methods_3600"],
+           *([*bcg, "study", "methods", "--runs", *kept(runs), "--out", out] for runs, out in STUDY_COMMANDS.values()),
            [*bcg, "study", "stiffness", "--runs", *kept(STIFFNESS_RUNS), "--out",
             "benchmarks/results/stiffness_dance"]]
     for name, runs in CURVE_FIGURES:
@@ -191,8 +191,8 @@ def main() -> None:
                                           tuple(ROOT / page for page in QUOTING_PAGES)).items():
         print(f"{Path(page).relative_to(ROOT)}: quoted {', '.join(names) or 'nothing (no markers)'}")
     shown = {name: ("", study_command(kept_names(runs), out)) for name, (runs, out) in STUDY_COMMANDS.items()}
-    written = write_into(ROOT / "docs" / "studies.md", shown, kind="study_command")
-    print(f"docs/studies.md: wrote the commands {', '.join(written) or 'nothing (no markers)'}")
+    written = write_into(ROOT / COMMAND_PAGE, shown, kind="study_command")
+    print(f"{COMMAND_PAGE}: wrote the commands {', '.join(written) or 'nothing (no markers)'}")
 
 
 if __name__ == "__main__":

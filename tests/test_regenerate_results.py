@@ -90,7 +90,7 @@ def test_study_command_lists_every_run_once_and_wraps() -> None:
 
 def test_docs_show_the_study_commands_the_script_runs() -> None:
     """docs/studies.md's 60-minute study command is the one regenerate_results runs (written by it, not by hand)."""
-    text = (BENCHMARKS.parent / "docs" / "studies.md").read_text()
+    text = (BENCHMARKS.parent / regenerate.COMMAND_PAGE).read_text()
     for name, (runs, out) in regenerate.STUDY_COMMANDS.items():
         assert (f"<!-- study_command:{name} -->\n{regenerate.study_command(regenerate.kept_names(runs), out)}\n"
                 f"<!-- /study_command:{name} -->") in text, name
