@@ -240,9 +240,9 @@ METHODS_FIGHT_3600: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("PPO", PPO_FIGHT_3600),
 )
 """SHAC+BCG, SHAC (bptt) and PPO on the fight at 3600 s each, one run at a time (the methods run so far)."""
-DANCE_DEFAULT_3600 = ("d60-bcg-dance-s0",)
-"""The dance with today's default for 3600 s, one run at a time, seed 0 (its session's machine took 48.3 s for the
-first 150 iterations of the run's default; 11 657 iterations)."""
+DANCE_DEFAULT_3600 = ("d60-bcg-dance-s0", "d60-bcg-dance-s1")
+"""The dance with today's default for 3600 s, one run at a time: seed 0 on a machine that took 48.3 s for the first
+150 iterations of the run's default (11 657 iterations), seed 1 on one that took 51.9 s (12 998 iterations)."""
 BPTT_DANCE_3600 = ("def60-bptt-dance-s0",)
 """SHAC (bptt) on the dance with `bcg train --estimator bptt`'s defaults for 3600 s, seed 0, resumed once (`bcg train
 --resume RUN`): its first 2039 s of training on DANCE_DEFAULT_3600's 48.3-s machine (two nice-19 test runs beside it
@@ -280,6 +280,7 @@ DEFAULTS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("fight (700 s)", FIGHT_DEFAULT_700),
     ("fight (1200 s), previous default", FIGHT_PREVIOUS_1200),
     ("fight (1200 s), earlier default", ("def-bcg-fight-s0", "def-bcg-fight-s1")),
+    ("dance (3600 s, one run at a time)", DANCE_DEFAULT_3600),
     ("dance (1200 s)", DANCE_DEFAULT_1200),
     ("dance (1200 s), previous default", DANCE_PREVIOUS_1200),
     ("dance (1200 s), earlier default", ("def-bcg-dance-s0", "def-bcg-dance-s1")),
