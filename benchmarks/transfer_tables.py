@@ -245,9 +245,9 @@ DANCE_DEFAULT_3600 = ("d60-bcg-dance-s0", "d60-bcg-dance-s1")
 150 iterations of the run's default (11 657 iterations), seed 1 on one that took 51.9 s (12 998 iterations)."""
 BPTT_DANCE_3600 = ("def60-bptt-dance-s0",)
 """SHAC (bptt) on the dance with `bcg train --estimator bptt`'s defaults for 3600 s, seed 0, resumed once (`bcg train
---resume RUN`): its first 2039 s of training on DANCE_DEFAULT_3600's 48.3-s machine (two nice-19 test runs beside it
-for about 25 of its first 30 minutes), the rest from the checkpoint at iteration 7550 on a machine that took 51.9 s
-for the same 150 iterations (12 902 iterations in all)."""
+--resume RUN`): its first 2039 s of training on the 48.3-s machine of DANCE_DEFAULT_3600's seed 0 (two nice-19 test
+runs beside it for about 25 of its first 30 minutes), the rest from the checkpoint at iteration 7550 on a machine that
+took 51.9 s for the same 150 iterations (12 902 iterations in all)."""
 METHODS_DANCE_3600: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SHAC+BCG (today's default)", DANCE_DEFAULT_3600),
     ("SHAC (bptt)", BPTT_DANCE_3600),
