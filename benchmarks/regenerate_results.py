@@ -88,6 +88,7 @@ STUDY_TABLES: dict[str, tuple[str, str]] = {
     "methods_q3": ("study_methods", "Samples to reach PPO's final point (Q3)"),
     "methods_3600_q4": ("study_methods_3600", "Tracking after transfer (Q4)"),
     "methods_3600_q3": ("study_methods_3600", "Samples to reach PPO's final point (Q3)"),
+    "methods_3600_q3_worst": ("study_methods_3600", "Samples to reach any of PPO's checkpoints (Q3, worst case)"),
 }
 """The study tables the pages quote, by marker name: (study folder under benchmarks/results, heading in methods.md)."""
 QUOTING_PAGES: tuple[str, ...] = ("README.md", "docs/studies.md")

@@ -248,9 +248,13 @@ BPTT_DANCE_3600 = ("def60-bptt-dance-s0",)
 --resume RUN`): its first 2039 s of training on the 48.3-s machine of DANCE_DEFAULT_3600's seed 0 (two nice-19 test
 runs beside it for about 25 of its first 30 minutes), the rest from the checkpoint at iteration 7550 on a machine that
 took 51.9 s for the same 150 iterations (12 902 iterations in all)."""
+PPO_DANCE_3600 = ("def60-ppo-dance-s0",)
+"""PPO on the dance with `bcg train --agent ppo`'s defaults for 3600 s, seed 0, on the 51.9-s machine of
+DANCE_DEFAULT_3600's seed 1 (a nice-19 test run beside it for about 5 of its first 11 minutes; 4475 iterations)."""
 METHODS_DANCE_3600: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SHAC+BCG (today's default)", DANCE_DEFAULT_3600),
     ("SHAC (bptt)", BPTT_DANCE_3600),
+    ("PPO", PPO_DANCE_3600),
 )
 """SHAC+BCG, SHAC (bptt) and PPO on the dance at 3600 s each, one run at a time (the methods run so far)."""
 METHODS_3600: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {

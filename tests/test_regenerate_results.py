@@ -30,6 +30,12 @@ Target: PPO's final point.
 | run | SHAC+BCG | 7.7 |
 | fight | SHAC+BCG | 16.9 |
 
+## Samples to reach any of PPO's checkpoints (Q3, worst case)
+
+| clip | method | ratio |
+| --- | --- | --- |
+| run | SHAC+BCG | 3.7 |
+
 ![figure](study_methods.png)
 """
 

@@ -11,7 +11,14 @@ import pytest
 
 from bcg.cli import main
 from bcg.evaluation.learning_curve import CURVE_COLUMNS, CurvePoint
-from bcg.evaluation.study_methods import first_reaching, read_runs, samples_rows, scored_before, transfer_rows
+from bcg.evaluation.study_methods import (
+    first_reaching,
+    hardest_rows,
+    read_runs,
+    samples_rows,
+    scored_before,
+    transfer_rows,
+)
 
 
 def _point(samples: int, e_track: float, episode: float, falls: int = 0) -> CurvePoint:
@@ -136,3 +143,30 @@ def test_a_budget_written_two_ways_is_one_setting(tmp_path: Path) -> None:
     seeds = read_runs([_run(tmp_path / "b", f"t-s{s}", "ppo", None, s, (20.0, 9.0, 1), None, done=7 + s)
                        for s in (0, 1)])
     assert {r.label for r in seeds} == {"PPO"}
+
+
+def test_the_worst_case_q3_takes_ppos_checkpoints_at_least_as_good_as_its_final_point(tmp_path: Path) -> None:
+    """A PPO run whose end is worse than its middle: its middle checkpoint (at fewer samples) is the target the SHAC
+    run gains least against; checkpoints worse than PPO's final point (falling early) are no targets."""
+    ppo = _run(tmp_path, "ppo-s0", "ppo", None, 0, (30.0, 3.0, 8),
+               [_point(100_000, 10.0, 1.0, falls=8),  # tracks its first second well, then falls: worse episode
+                _point(1_000_000, 20.0, 5.0), _point(2_000_000, 25.0, 4.0), _point(4_000_000, 30.0, 3.0)])
+    bcg = _run(tmp_path, "bcg-s0", "shac", "bcg", 0, (8.0, 9.4, 0),
+               [_point(100_000, 28.0, 3.5), _point(200_000, 19.0, 6.0), _point(400_000, 8.0, 9.4)])
+    slow = _run(tmp_path, "bcg-s1", "shac", "bcg", 1, (26.0, 4.0, 2), [_point(3_000_000, 26.0, 4.0)])
+    runs = read_runs([ppo, bcg, slow])
+    rows = {r["run"]: r for r in hardest_rows(runs)}
+    assert set(rows) == {"bcg-s0", "bcg-s1"}
+    fast = rows["bcg-s0"]
+    assert fast["checkpoints"] == 3 and fast["reached"] == 3  # 1.0, 2.0 and 4.0 M; not the falling 0.1 M
+    assert fast["baseline_iteration"] == 1_000_000 // 256 and fast["samples"] == 200_000
+    assert fast["ratio"] == pytest.approx(5.0)  # against the final point alone: 4 M / 0.1 M = 40
+    assert {r["run"]: r["ratio"] for r in samples_rows(runs)}["bcg-s0"] == pytest.approx(40.0)
+    assert rows["bcg-s1"]["reached"] == 1 and rows["bcg-s1"]["ratio"] == pytest.approx(4.0 / 3.0)
+
+    out = tmp_path / "study"
+    assert main(["study", "methods", "--runs", *map(str, [ppo, bcg, slow]), "--out", str(out)]) == 0
+    md = (out / "methods.md").read_text()
+    assert "## Samples to reach any of PPO's checkpoints (Q3, worst case)" in md
+    assert "| jump | SHAC+BCG | bcg-s0 | 3 of 3 | ppo-s0, 3906 | 20.0, 5.00 | 1.00 M | 0.20 M | 5.0 |" in md
+    assert json.loads((out / "results.json").read_text())["hardest"][0]["ratio"] == pytest.approx(5.0)

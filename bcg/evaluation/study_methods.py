@@ -12,6 +12,9 @@ way); runs kept in ``benchmarks/results`` (``config.json``, ``metrics.csv``, ``e
   E_track and of its mean episode length, at its final number of samples). A run *reaches* it at the first
   checkpoint of its curve whose E_track is at or below the target's **and** whose mean episode is at least as long
   (it stays up as long, or longer, and tracks as well); the ratio is PPO's samples over the run's samples there.
+  Since PPO's final point can be worse than its middle, a second table takes every checkpoint of PPO's curves at least
+  as good as its run's final point as a target in turn and keeps the one each run gains least against
+  (:func:`hardest_rows`).
 
 Writes ``results.json``, ``methods.md``, ``study_methods.png`` (per clip: fall rate, mean episode and E_track in
 MuJoCo against samples, PPO's final point as a star, each run's reaching checkpoint as a circle) and
@@ -32,8 +35,8 @@ from typing import Any
 from bcg.evaluation.learning_curve import X_AXES, CurvePoint, read_curve
 from bcg.evaluation.report import PAPER_E_TRACK, pyplot, save_figure, style_axis
 
-__all__ = ["MethodRun", "StudyMethods", "methods_markdown", "methods_plot", "read_runs", "samples_rows",
-           "transfer_rows"]
+__all__ = ["MethodRun", "StudyMethods", "hardest_rows", "methods_markdown", "methods_plot", "read_runs",
+           "samples_rows", "transfer_rows"]
 
 ORDER: tuple[str, ...] = ("SHAC+BCG", "SHAC (bptt)", "PPO")
 """Methods in the order tables and plots show them (others after them, by name)."""
@@ -286,6 +289,46 @@ def samples_rows(runs: Sequence[MethodRun], baseline: str = "PPO") -> list[dict[
     return rows
 
 
+def hardest_rows(runs: Sequence[MethodRun], baseline: str = "PPO") -> list[dict[str, Any]]:
+    """Q3 against every checkpoint of ``baseline``'s curves at least as good as its run's final point, not only the
+    final one (a policy-gradient run's last point can be worse than its middle, so it may have reached that level with
+    far fewer samples): per clip and other run with a curve, each scored checkpoint ``c`` of a baseline run ``b``
+    whose MuJoCo E_track is at most ``b``'s final one and whose mean episode is at least ``b``'s final one is a target
+    (its E_track and mean episode), with ratio ``c.samples`` over the run's samples at its first checkpoint reaching
+    ``c`` (:func:`first_reaching`). The row keeps the target with the smallest ratio (the baseline's point the run
+    gains least against) and counts the targets the run reached (``reached`` of ``checkpoints``; one it never reached
+    would make the worst case worse than the ratio shown)."""
+    rows = []
+    for clip, methods in _grouped(runs).items():
+        targets = [(b, p) for label, rs in methods.items() if _base(label) == baseline for b in rs for p in b.curve
+                   if p.mujoco_e_track_cm <= b.e_track_cm and p.mujoco_mean_episode_s >= b.episode_s]
+        if not targets:
+            continue
+        for label, rs in methods.items():
+            if _base(label) == baseline:
+                continue
+            for r in rs:
+                if not r.curve:
+                    continue
+                scored = []
+                for b, c in targets:
+                    hit = first_reaching(r.curve, c.mujoco_e_track_cm, c.mujoco_mean_episode_s)
+                    if hit is not None:
+                        scored.append((c.samples / max(hit.samples, 1), b, c, hit))
+                row: dict[str, Any] = {"clip": clip, "method": label, "run": r.name, "seed": r.seed,
+                                       "checkpoints": len(targets), "reached": len(scored), "baseline_run": None,
+                                       "baseline_iteration": None, "target_e_track_cm": None,
+                                       "target_episode_s": None, "baseline_samples": None, "samples": None,
+                                       "ratio": None}
+                if scored:
+                    ratio, b, c, hit = min(scored, key=lambda t: t[0])
+                    row.update(baseline_run=b.name, baseline_iteration=c.iteration,
+                               target_e_track_cm=c.mujoco_e_track_cm, target_episode_s=c.mujoco_mean_episode_s,
+                               baseline_samples=c.samples, samples=hit.samples, ratio=ratio)
+                rows.append(row)
+    return rows
+
+
 PLOT_ROWS: tuple[tuple[str, str, str], ...] = (
     ("fall rate in MuJoCo", "fall_rate", "fall_rate"),
     ("mean episode in MuJoCo [s]", "mujoco_mean_episode_s", "episode_s"),
@@ -358,8 +401,10 @@ def _m(x: float | None) -> str:
 
 
 def methods_markdown(transfer: Sequence[dict[str, Any]], samples: Sequence[dict[str, Any]],
-                     figure: str | None = "study_methods.png", baseline: str = "PPO") -> str:
-    """Markdown of both tables (Q4 first, then Q3 against ``baseline``'s final point)."""
+                     figure: str | None = "study_methods.png", baseline: str = "PPO",
+                     hardest: Sequence[dict[str, Any]] = ()) -> str:
+    """Markdown of the tables: Q4 first, then Q3 against ``baseline``'s final point, then (with ``hardest``,
+    :func:`hardest_rows`) Q3 against the baseline's checkpoint each run gains least against."""
     lines = ["# SHAC+BCG, SHAC and PPO in MuJoCo (paper Q3 and Q4)", "",
              "Each run's final policy replayed in MuJoCo with `bcg evaluate`'s protocol (8 episodes through the whole "
              "clip). Means over seeds, ± the standard deviation where there are several.", "",
@@ -391,6 +436,23 @@ def methods_markdown(transfer: Sequence[dict[str, Any]], samples: Sequence[dict[
                      f"{_f(r['ratio_at_most'])} |")
     if not samples:
         lines.append(f"| – | no clip has a {baseline} run among the runs given | | | | | | |")
+    if hardest:
+        lines += ["", f"## Samples to reach any of {baseline}'s checkpoints (Q3, worst case)", "",
+                  f"Every checkpoint of {baseline}'s curves (all seeds) that tracks at least as well as its run's "
+                  "final point and stands at least as long is a target in turn, with the same reaching rule; the "
+                  f"row shows the one the run gains least against: its ratio ({baseline}'s samples at that "
+                  "checkpoint over the run's samples to reach it) is the smallest over the targets the run reached. "
+                  f"It guards against a {baseline} run whose final point is worse than its middle (it got there "
+                  "with fewer samples). \"reached\" counts the targets the run reached at all; one it never reached "
+                  "would make the worst case worse than the ratio shown.", "",
+                  f"| clip | method | run | reached | hardest target: {baseline} run, iteration | E_track [cm], "
+                  f"episode [s] | {baseline}'s samples there | samples to reach | ratio |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in hardest:
+            where = "–" if r["baseline_run"] is None else f"{r['baseline_run']}, {r['baseline_iteration']}"
+            lines.append(f"| {r['clip']} | {r['method']} | {r['run']} | {r['reached']} of {r['checkpoints']} | "
+                         f"{where} | {_f(r['target_e_track_cm'])}, {_f(r['target_episode_s'], '.2f')} | "
+                         f"{_m(r['baseline_samples'])} | {_m(r['samples'])} | {_f(r['ratio'])} |")
     if figure:
         lines += ["", f"![Fall rate, mean episode and E_track in MuJoCo against samples]({figure})",
                   "", f"Against training wall time: [{figure.replace('.png', '_wall_time.png')}]"
@@ -421,6 +483,7 @@ class StudyMethods:
         except (FileNotFoundError, ValueError, KeyError) as exc:
             raise UserError(str(exc)) from None
         transfer, samples = transfer_rows(runs), samples_rows(runs, self.baseline)
+        hardest = hardest_rows(runs, self.baseline)
         if (self.out / "results.json").exists():  # a rebuild from the runs: say that it replaces the earlier one
             print(f"[study methods] replacing the earlier results in {self.out}")
         self.out.mkdir(parents=True, exist_ok=True)
@@ -429,7 +492,8 @@ class StudyMethods:
             methods_plot(runs, samples, self.out / "study_methods.png", self.baseline)
             methods_plot(runs, samples, self.out / "study_methods_wall_time.png", self.baseline, x="wall_time_s")
             figure = "study_methods.png"
-        (self.out / "results.json").write_text(json.dumps({"transfer": transfer, "samples": samples}, indent=1))
-        (self.out / "methods.md").write_text(methods_markdown(transfer, samples, figure, self.baseline))
+        (self.out / "results.json").write_text(json.dumps({"transfer": transfer, "samples": samples,
+                                                           "hardest": hardest}, indent=1))
+        (self.out / "methods.md").write_text(methods_markdown(transfer, samples, figure, self.baseline, hardest))
         print(f"[study methods] {len(runs)} runs -> {self.out / 'methods.md'}")
         return 0
