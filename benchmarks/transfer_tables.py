@@ -249,9 +249,10 @@ once (`bcg train --resume RUN`), its first 2039 s of training on the 48.3-s mach
 nice-19 test runs beside it for about 25 of its first 30 minutes), the rest from the checkpoint at iteration 7550 on a
 machine that took 51.9 s for the same 150 iterations (12 902 iterations in all); seed 1 on a machine that took 66.9 s
 for them (a few short niced test and regeneration runs beside it; 12 278 iterations)."""
-PPO_DANCE_3600 = ("def60-ppo-dance-s0",)
-"""PPO on the dance with `bcg train --agent ppo`'s defaults for 3600 s, seed 0, on the 51.9-s machine of
-DANCE_DEFAULT_3600's seed 1 (a nice-19 test run beside it for about 5 of its first 11 minutes; 4475 iterations)."""
+PPO_DANCE_3600 = ("def60-ppo-dance-s0", "def60-ppo-dance-s1")
+"""PPO on the dance with `bcg train --agent ppo`'s defaults for 3600 s, one run at a time: seed 0 on the 51.9-s machine
+of DANCE_DEFAULT_3600's seed 1 (a nice-19 test run beside it for about 5 of its first 11 minutes; 4475 iterations),
+seed 1 on the 66.9-s machine of BPTT_DANCE_3600's seed 1 (3883 iterations)."""
 METHODS_DANCE_3600: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SHAC+BCG (today's default)", DANCE_DEFAULT_3600),
     ("SHAC (bptt)", BPTT_DANCE_3600),
