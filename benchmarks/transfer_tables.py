@@ -258,7 +258,7 @@ METHODS_DANCE_3600: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("SHAC (bptt)", BPTT_DANCE_3600),
     ("PPO", PPO_DANCE_3600),
 )
-"""SHAC+BCG, SHAC (bptt) and PPO on the dance at 3600 s each, one run at a time (the methods run so far)."""
+"""SHAC+BCG, SHAC (bptt) and PPO on the dance at 3600 s each, one run at a time, two seeds each."""
 METHODS_3600: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "run": METHODS_RUN_3600, "fight": METHODS_FIGHT_3600, "dance": METHODS_DANCE_3600}
 """The methods at 3600 s per clip: the runs of `bcg study methods` at the issue's budget."""

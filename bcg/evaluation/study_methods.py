@@ -242,13 +242,17 @@ def transfer_rows(runs: Sequence[MethodRun]) -> list[dict[str, Any]]:
     return rows
 
 
+def at_least_as_good(point: CurvePoint, e_track_cm: float, episode_s: float) -> bool:
+    """Whether ``point`` tracks at least as well in MuJoCo (E_track at or below ``e_track_cm``) and stays up at least
+    as long (mean episode at least ``episode_s``): the reaching rule of Q3."""
+    return point.mujoco_e_track_cm <= e_track_cm and point.mujoco_mean_episode_s >= episode_s
+
+
 def first_reaching(curve: Sequence[CurvePoint], e_track_cm: float, episode_s: float) -> CurvePoint | None:
-    """The first point of ``curve`` (in training order) at or below ``e_track_cm`` in MuJoCo with a mean episode of at
-    least ``episode_s``; None when no checkpoint does."""
-    for p in sorted(curve, key=lambda p: p.samples):
-        if p.mujoco_e_track_cm <= e_track_cm and p.mujoco_mean_episode_s >= episode_s:
-            return p
-    return None
+    """The first point of ``curve`` (in training order) :func:`at_least_as_good` as ``e_track_cm`` and
+    ``episode_s``; None when no checkpoint is."""
+    return next((p for p in sorted(curve, key=lambda p: p.samples) if at_least_as_good(p, e_track_cm, episode_s)),
+                None)
 
 
 def scored_before(curve: Sequence[CurvePoint], point: CurvePoint) -> CurvePoint | None:
@@ -256,6 +260,14 @@ def scored_before(curve: Sequence[CurvePoint], point: CurvePoint) -> CurvePoint 
     two may have reached the target first, so the reaching point is known only within that stretch."""
     earlier = [p for p in curve if p.samples < point.samples]
     return max(earlier, key=lambda p: p.samples) if earlier else None
+
+
+def _baseline_and_others(methods: dict[str, list[MethodRun]],
+                         baseline: str) -> tuple[list[MethodRun], list[tuple[str, MethodRun]]]:
+    """One clip's runs split into ``baseline``'s and the others (with their labels), both in table order."""
+    base = [r for label, rs in methods.items() if _base(label) == baseline for r in rs]
+    others = [(label, r) for label, rs in methods.items() if _base(label) != baseline for r in rs]
+    return base, others
 
 
 def samples_rows(runs: Sequence[MethodRun], baseline: str = "PPO") -> list[dict[str, Any]]:
@@ -266,26 +278,23 @@ def samples_rows(runs: Sequence[MethodRun], baseline: str = "PPO") -> list[dict[
     between reached the target; None when the reaching point is the curve's first)."""
     rows = []
     for clip, methods in _grouped(runs).items():
-        base = [r for label, rs in methods.items() if _base(label) == baseline for r in rs]
+        base, others = _baseline_and_others(methods, baseline)
         if not base:
             continue
         target_e = statistics.fmean(r.e_track_cm for r in base)
         target_ep = statistics.fmean(r.episode_s for r in base)
         target_samples = statistics.fmean(r.samples for r in base)
-        for label, rs in methods.items():
-            if _base(label) == baseline:
-                continue
-            for r in rs:
-                hit = first_reaching(r.curve, target_e, target_ep) if r.curve else None
-                before = scored_before(r.curve, hit) if hit is not None else None
-                rows.append({"clip": clip, "method": label, "run": r.name, "seed": r.seed,
-                             "target_e_track_cm": target_e, "target_episode_s": target_ep,
-                             "baseline_samples": target_samples, "has_curve": bool(r.curve),
-                             "samples": None if hit is None else hit.samples,
-                             "wall_time_s": None if hit is None else hit.wall_time_s,
-                             "ratio": None if hit is None else target_samples / max(hit.samples, 1),
-                             "samples_before": None if before is None else before.samples,
-                             "ratio_at_most": None if before is None else target_samples / max(before.samples, 1)})
+        for label, r in others:
+            hit = first_reaching(r.curve, target_e, target_ep) if r.curve else None
+            before = scored_before(r.curve, hit) if hit is not None else None
+            rows.append({"clip": clip, "method": label, "run": r.name, "seed": r.seed,
+                         "target_e_track_cm": target_e, "target_episode_s": target_ep,
+                         "baseline_samples": target_samples, "has_curve": bool(r.curve),
+                         "samples": None if hit is None else hit.samples,
+                         "wall_time_s": None if hit is None else hit.wall_time_s,
+                         "ratio": None if hit is None else target_samples / max(hit.samples, 1),
+                         "samples_before": None if before is None else before.samples,
+                         "ratio_at_most": None if before is None else target_samples / max(before.samples, 1)})
     return rows
 
 
@@ -300,32 +309,28 @@ def hardest_rows(runs: Sequence[MethodRun], baseline: str = "PPO") -> list[dict[
     would make the worst case worse than the ratio shown)."""
     rows = []
     for clip, methods in _grouped(runs).items():
-        targets = [(b, p) for label, rs in methods.items() if _base(label) == baseline for b in rs for p in b.curve
-                   if p.mujoco_e_track_cm <= b.e_track_cm and p.mujoco_mean_episode_s >= b.episode_s]
+        base, others = _baseline_and_others(methods, baseline)
+        targets = [(b, p) for b in base for p in b.curve if at_least_as_good(p, b.e_track_cm, b.episode_s)]
         if not targets:
             continue
-        for label, rs in methods.items():
-            if _base(label) == baseline:
+        for label, r in others:
+            if not r.curve:
                 continue
-            for r in rs:
-                if not r.curve:
-                    continue
-                scored = []
-                for b, c in targets:
-                    hit = first_reaching(r.curve, c.mujoco_e_track_cm, c.mujoco_mean_episode_s)
-                    if hit is not None:
-                        scored.append((c.samples / max(hit.samples, 1), b, c, hit))
-                row: dict[str, Any] = {"clip": clip, "method": label, "run": r.name, "seed": r.seed,
-                                       "checkpoints": len(targets), "reached": len(scored), "baseline_run": None,
-                                       "baseline_iteration": None, "target_e_track_cm": None,
-                                       "target_episode_s": None, "baseline_samples": None, "samples": None,
-                                       "ratio": None}
-                if scored:
-                    ratio, b, c, hit = min(scored, key=lambda t: t[0])
-                    row.update(baseline_run=b.name, baseline_iteration=c.iteration,
-                               target_e_track_cm=c.mujoco_e_track_cm, target_episode_s=c.mujoco_mean_episode_s,
-                               baseline_samples=c.samples, samples=hit.samples, ratio=ratio)
-                rows.append(row)
+            scored = []
+            for b, c in targets:
+                hit = first_reaching(r.curve, c.mujoco_e_track_cm, c.mujoco_mean_episode_s)
+                if hit is not None:
+                    scored.append((c.samples / max(hit.samples, 1), b, c, hit))
+            row: dict[str, Any] = {"clip": clip, "method": label, "run": r.name, "seed": r.seed,
+                                   "checkpoints": len(targets), "reached": len(scored), "baseline_run": None,
+                                   "baseline_iteration": None, "target_e_track_cm": None, "target_episode_s": None,
+                                   "baseline_samples": None, "samples": None, "ratio": None}
+            if scored:
+                ratio, b, c, hit = min(scored, key=lambda t: t[0])
+                row.update(baseline_run=b.name, baseline_iteration=c.iteration,
+                           target_e_track_cm=c.mujoco_e_track_cm, target_episode_s=c.mujoco_mean_episode_s,
+                           baseline_samples=c.samples, samples=hit.samples, ratio=ratio)
+            rows.append(row)
     return rows
 
 
