@@ -1,7 +1,8 @@
 """Contact against C MuJoCo: standing (10 s), a 5 cm drop, a 0.5 m/s sideways slide, a 2 rad/s spin and a jump's
 push-off, bcg at several kappa and with MuJoCo's PD law.
 
-Runs every scenario of :mod:`bcg.evaluation.contact_scenarios` in MuJoCo (its own contacts, 5 ms) and in bcg.sim at
+Runs every scenario of :mod:`bcg.evaluation.contact_scenarios` in MuJoCo (its own contacts at the MJCF's 5 ms step,
+and at 1 ms: ``--mujoco-refine``, where its push-off converges) and in bcg.sim at
 each ``--kappa`` (N = 1, CPU), prints a table of the compared metrics (the quantities
 ``tests/test_sim_contact_mujoco.py`` bounds) and writes one figure with the scenarios side by side
 (``docs/img/contact_vs_mujoco.png`` or ``--out``): pelvis height on top; below it the mean foot-sphere penetration
@@ -13,7 +14,8 @@ the substep, as MuJoCo's position actuators read it (``pd_lookahead=False``, doc
 
 Usage::
 
-    python benchmarks/contact_vs_mujoco.py [--kappa 50 100 300] [--stand-seconds 10] [--out FIGURE.png]
+    python benchmarks/contact_vs_mujoco.py [--kappa 50 100 300] [--mujoco-refine 5] [--stand-seconds 10]
+        [--out FIGURE.png]
 """
 
 from __future__ import annotations
@@ -78,7 +80,9 @@ def plot(runs: dict[str, dict[str, ContactTrace]], out: Path) -> None:
 
     fig, axes = plt.subplots(2, 6, figsize=(26, 6.4), sharex="col")
     for model, traces in runs.items():
-        style = dict(color="k", lw=2.0, alpha=0.6) if model.startswith("MuJoCo") else dict(lw=1.0)
+        # MuJoCo at the MJCF's 5 ms step in black, at finer steps in grey
+        style = (dict(color="k" if "(5 ms)" in model else "0.55", lw=2.0, alpha=0.6) if model.startswith("MuJoCo")
+                 else dict(lw=1.0))
         st, dr, sl = traces[STAND.name], traces[DROP.name], traces[SLIDE.name]
         axes[0, 0].plot(st.t, st.pelvis[:, 2], label=model, **style)
         axes[1, 0].plot(st.t, 1e3 * np.clip(st.penetration, 0, None).mean(1), label=model, **style)
@@ -123,12 +127,16 @@ def plot(runs: dict[str, dict[str, ContactTrace]], out: Path) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kappa", type=float, nargs="+", default=[50.0, 100.0, 300.0])
+    parser.add_argument("--mujoco-refine", type=int, nargs="*", default=[5],
+                        help="also MuJoCo with this many steps per 5 ms (5: 1 ms steps)")
     parser.add_argument("--stand-seconds", type=float, default=STAND.seconds)
     parser.add_argument("--out", type=Path, default=Path("docs/img/contact_vs_mujoco.png"))
     args = parser.parse_args(argv)
 
     scenarios = (replace(STAND, seconds=args.stand_seconds), DROP, SLIDE, SPIN, PUSH)
     runs = {"MuJoCo (5 ms)": {s.name: run_mujoco(s) for s in scenarios}}
+    for refine in args.mujoco_refine:
+        runs[f"MuJoCo ({5 / refine:g} ms)"] = {s.name: run_mujoco(s, refine=refine) for s in scenarios}
     for kappa in args.kappa:
         runs[f"bcg kappa {kappa:g}"] = {s.name: run_bcg(s, kappa=kappa) for s in scenarios}
     runs["bcg, MuJoCo's PD law"] = {s.name: run_bcg(s, pd_lookahead=False) for s in scenarios}

@@ -3,8 +3,8 @@
 The runs live in ``benchmarks/results/stay_up/RUN/`` (``config.json``, ``metrics.csv``, ``eval_CLIP.json`` and, where
 ``bcg curve`` ran, ``curve_CLIP.csv``). This script runs, in order:
 
-1. ``benchmarks/transfer_tables.py --write docs/shac.md README.md docs/learning_throughput.md`` (the whole-clip
-   transfer tables);
+1. ``benchmarks/transfer_tables.py --write docs/shac.md README.md docs/learning_throughput.md docs/evaluation.md``
+   (the whole-clip transfer tables);
 2. ``bcg study methods`` on the default runs of the four clips (Q3, Q4) -> ``benchmarks/results/study_methods`` and
    ``docs/img/study_methods*.png``, and on the methods' runs of 3600 s -> ``benchmarks/results/study_methods_3600``
    and ``docs/img/study_methods_3600*.png``;
@@ -156,7 +156,7 @@ def commands() -> list[list[str]]:
     """The commands, in order (argv lists, run from the repository root)."""
     py, bcg = sys.executable, [sys.executable, "-m", "bcg.cli"]
     out = [[py, "benchmarks/transfer_tables.py", "--write", "docs/shac.md", "README.md",
-            "docs/learning_throughput.md"],
+            "docs/learning_throughput.md", "docs/evaluation.md"],
            [*bcg, "study", "methods", "--runs", *kept(METHOD_RUNS), "--out", "benchmarks/results/study_methods"],
            *([*bcg, "study", "methods", "--runs", *kept(runs), "--out", out] for runs, out in STUDY_COMMANDS.values()),
            [*bcg, "study", "stiffness", "--runs", *kept(STIFFNESS_RUNS), "--out",

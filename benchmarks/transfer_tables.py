@@ -10,7 +10,8 @@ episodes through the whole clip, in MuJoCo and in our simulator). The checkpoint
 ``--write`` replaces the text between ``<!-- transfer_tables:NAME -->`` and ``<!-- /transfer_tables:NAME -->`` in
 each file by table NAME (the keys of ``tables()``: runs, ablation, methods, methods_jump, methods_run_3600,
 methods_fight_3600, methods_dance_3600, defaults, jump, spinkarate, window_size, bundle_size, randomization,
-default_change); a file without a marker is left as it is.
+default_change, mujoco_step); a file without a marker is left as it is. ``mujoco_step`` reads further replays kept
+beside its runs (``MUJOCO_STEP_REPLAYS``).
 """
 
 from __future__ import annotations
@@ -447,6 +448,37 @@ def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: 
     return "\n".join(lines)
 
 
+MUJOCO_STEP_RUNS: tuple[str, ...] = SPINKARATE_MUJOCO_PD_TORQUE_RANGE_3600
+"""The runs replayed at finer simulator steps (docs/evaluation.md, *MuJoCo's own step*)."""
+MUJOCO_STEP_REPLAYS: tuple[tuple[str, str, str], ...] = (
+    ("MuJoCo, 5 ms (the default protocol)", "eval_B_SpinKarate.json", "mujoco"),
+    ("MuJoCo, 1 ms (`--mujoco-refine 5`)", "mujoco_step_1ms.json", "mujoco"),
+    ("MuJoCo, 0.2 ms (`--mujoco-refine 25`)", "mujoco_step_0.2ms.json", "mujoco"),
+    ("ours, 5 ms (the policy's own dynamics)", "eval_B_SpinKarate.json", "bcg"),
+    ("MuJoCo, both at 1 ms (`--substeps 20 --sim-dt 0.001`)", "both_1ms.json", "mujoco"),
+    ("ours, both at 1 ms", "both_1ms.json", "bcg"),
+)
+"""(row label, the kept ``metrics.json`` of that replay beside each run, simulator): ``eval_CLIP.json`` is `bcg
+evaluate RUN`; ``mujoco_step_*.json`` the same with ``--mujoco-refine``; ``both_1ms.json`` with ``--substeps 20
+--sim-dt 0.001``."""
+
+
+def step_table(root: Path, runs: tuple[str, ...] = MUJOCO_STEP_RUNS,
+               replays: tuple[tuple[str, str, str], ...] = MUJOCO_STEP_REPLAYS) -> str:
+    """One row per replay, a column per run: falls of its episodes and E_track [cm], with the total falls."""
+    kept = [root / n for n in runs if (root / n).exists()]
+    lines = ["| replay | " + " | ".join(f"{r.name}: falls, E_track [cm]" for r in kept) + " | falls in all |",
+             "|---|" + "---|" * (len(kept) + 1)]
+    for label, file, sim in replays:
+        found = [json.loads((r / file).read_text())[sim] for r in kept if (r / file).exists()]
+        if len(found) != len(kept):
+            continue
+        cells = [f"{m['falls']} of {m['episodes']}, {m['e_track_cm']:.1f}" for m in found]
+        total = f"{sum(m['falls'] for m in found)} of {sum(m['episodes'] for m in found)}"
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {total} |")
+    return "\n".join(lines)
+
+
 def tables(root: Path) -> dict[str, tuple[str, str]]:
     """Every table by marker name: (title, Markdown)."""
     return {
@@ -470,6 +502,7 @@ def tables(root: Path) -> dict[str, tuple[str, str]]:
                           grouped(root, RANDOMIZATION, "SHAC+BCG", iterations=True)),
         "default_change": ("Today's default against the previous one",
                            grouped(root, DEFAULT_CHANGE, "SHAC+BCG", iterations=True)),
+        "mujoco_step": ("SpinKarate's policies at finer simulator steps", step_table(root)),
     }
 
 

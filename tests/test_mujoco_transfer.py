@@ -62,6 +62,34 @@ def test_mujoco_loop_standing_contact():
     np.testing.assert_array_equal(out.qpos[0], out.qpos[1])  # independent identical rollouts
 
 
+def test_refined_mujoco_transition_steps_mujoco_at_the_finer_step():
+    """``refine`` MuJoCo steps per substep of the env: the same states as MuJoCo's own loop at that step, the same
+    control period, and a loop that does not fit the env's step is refused."""
+    from bcg.robots.g1 import DEFAULT_JOINT_POS
+    from bcg.sim import load_model
+
+    model = load_model()
+    tfn = MujocoTransition(2, model.params.substeps, model.params.dt, refine=5)
+    assert (tfn.loop.substeps, tfn.loop.timestep) == (20, 0.001)
+    loop = MujocoLoop(2, substeps=20, timestep=0.001)
+    q0, qd0 = loop.qpos(), np.stack([d.qvel.copy() for d in loop.datas])
+    loop.set_state(q0, qd0)  # as the transition sets its rows from the env's state at the first step
+    targets = np.repeat(np.asarray(DEFAULT_JOINT_POS)[None], 2, 0) + np.array([[0.0], [0.2]])
+    q, qd = torch.as_tensor(q0), torch.as_tensor(qd0)
+    for _ in range(5):
+        q, qd, contact, _ = tfn(model, q, qd, torch.as_tensor(targets), env_ids=torch.arange(2))
+        out = loop.step(targets)
+    np.testing.assert_allclose(q.numpy(), out.qpos, rtol=0, atol=1e-12)  # measured: 2.2e-16 (round-off)
+    np.testing.assert_allclose(contact.impulse.numpy(), out.contact.impulse, rtol=1e-6)
+    with pytest.raises(ValueError, match=r"the env steps 2 x 0.005 s per control step, this MuJoCo loop 20 x 0.001 s "
+                                         r"\(5 per substep\)"):
+        tfn(model.with_params(substeps=2), q, qd, torch.as_tensor(targets), env_ids=torch.arange(2))
+    with pytest.raises(ValueError, match="refine must be an integer >= 1"):
+        MujocoTransition(2, refine=0)
+    env = make_env("fight", 1, simulator="mujoco", mujoco_refine=5)
+    assert env.transition_fn.loop.timestep == pytest.approx(0.001) and env.control_dt == pytest.approx(0.02)
+
+
 def _heading_inverse(R: np.ndarray) -> np.ndarray:
     c, s = R[0, 0], R[1, 0]
     n = np.hypot(c, s)
@@ -330,7 +358,8 @@ def test_policy_with_another_observation_layout_is_refused():
 
 
 def test_options_are_checked():
-    for bad in (dict(phases=0), dict(seeds=()), dict(seeds=(-1,)), dict(seconds=0.0), dict(joint_noise=-0.1)):
+    for bad in (dict(phases=0), dict(seeds=()), dict(seeds=(-1,)), dict(seconds=0.0), dict(joint_noise=-0.1),
+                dict(mujoco_refine=0), dict(mujoco_refine=2.5)):
         with pytest.raises(ValueError):
             TransferOptions(**bad)
 
@@ -408,6 +437,9 @@ def test_the_default_options_name_the_folder_after_the_clip_alone(tmp_path):
     from bcg.evaluation.learning_curve import curve_dir
 
     assert curve_dir(Path("R"), "jump", TransferOptions(phases=2)) == Path("R/eval/curve-jump-1fda591c")
+    fine = Evaluate("RUN", protocol=TransferOptions(mujoco_refine=5)).default_out_dir(Path("e"), "jump")
+    assert fine.parent == Path("e") and fine.name.startswith("jump-")
+    assert fine != stiff.default_out_dir(Path("e"), "jump")
 
 
 @pytest.mark.parametrize("args, message", [

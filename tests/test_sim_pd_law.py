@@ -51,12 +51,33 @@ def test_push_off_without_lookahead_is_closer_to_mujoco():
     ours = metrics(run_bcg(PUSH))
     ours_mj_law = metrics(run_bcg(PUSH, **MUJOCO_LAW))
     # measured take-off speed of the centre of mass: MuJoCo 2.455, ours 2.218, ours with MuJoCo's law 2.294 m/s;
-    # its rise 0.414 / 0.345 / 0.366 m (the rest of the gap is MuJoCo's soft ground and clamp, docs/simulator.md)
+    # its rise 0.414 / 0.345 / 0.366 m (most of the rest of the gap is MuJoCo's 5 ms step: the test below)
     assert 0.20 < mj["takeoff_speed"] - ours["takeoff_speed"] < 0.27, (mj, ours)
     assert 0.12 < mj["takeoff_speed"] - ours_mj_law["takeoff_speed"] < 0.19, (mj, ours_mj_law)
     assert ours_mj_law["com_rise"] - ours["com_rise"] > 0.015, (ours, ours_mj_law)
     for m in (mj, ours, ours_mj_law):  # a real jump: the feet leave the ground within 0.1 s of the push
         assert 0.05 <= m["lift_off"] <= 0.11 and m["com_rise"] > 0.3, m
+
+
+def test_mujocos_push_off_converges_to_ours_at_finer_steps():
+    """At the MJCF's 5 ms step MuJoCo's toes lose their contact for a whole step as the ankles snap at their torque
+    limit, sink tens of millimetres into its soft ground and spring back: a faster take-off. At 1 and 0.2 ms they do
+    not, and MuJoCo's push-off converges to ours under its PD law (docs/evaluation.md, *MuJoCo's own step*)."""
+    push = slice(int(0.85 / DT), int(1.0 / DT))
+    coarse, fine, finest = (run_mujoco(PUSH, refine=r) for r in (1, 5, 25))
+    ours = run_bcg(PUSH, **MUJOCO_LAW)
+    sink = {name: tr.penetration[push].max() for name, tr in
+            (("5 ms", coarse), ("1 ms", fine), ("0.2 ms", finest), ("ours", ours))}
+    # measured deepest foot sphere in the push: 46.2, 3.36, 0.68 mm; ours 4.08 mm
+    assert sink["5 ms"] > 0.040 and sink["1 ms"] < 0.004 and sink["0.2 ms"] < 0.001 and sink["ours"] < 0.005, sink
+    m5, m1, m02, mo = (metrics(tr) for tr in (coarse, fine, finest, ours))
+    # measured take-off 2.455 / 2.346 / 2.323 m/s, ours 2.294; push impulse 111.87 / 106.32 / 104.89 N s, ours 104.52
+    assert m5["takeoff_speed"] - m02["takeoff_speed"] > 0.12, (m5, m02)
+    assert abs(m1["takeoff_speed"] - m02["takeoff_speed"]) < 0.03, (m1, m02)
+    assert abs(m02["takeoff_speed"] - mo["takeoff_speed"]) < 0.035, (m02, mo)
+    assert abs(m02["push_impulse"] - mo["push_impulse"]) < 0.006 * m02["push_impulse"], (m02, mo)
+    with pytest.raises(ValueError, match="refine must be an integer >= 1"):
+        run_mujoco(PUSH, refine=0)
 
 
 def test_randomisation_family_covers_mujocos_push_off_only_with_mujocos_law():

@@ -401,13 +401,15 @@ def _simulate_bcg(scenario: Scenario, model: SimModel, physics: Physics | None) 
     return [ContactTrace.from_qpos(scenario.name, q0, qs[:, e], imp[:, e], kinematics) for e in range(n_env)]
 
 
-def run_mujoco(scenario: Scenario) -> ContactTrace:
+def run_mujoco(scenario: Scenario, refine: int = 1) -> ContactTrace:
     """The scenario in C MuJoCo on :data:`bcg.robots.g1.SCENE_PATH` (its own contacts, 5 ms, ``implicitfast``), through
-    the project's one MuJoCo PD loop (:class:`bcg.evaluation.mujoco_loop.MujocoLoop`) with one substep per call so
-    that every 5 ms step is sampled."""
+    the project's one MuJoCo PD loop (:class:`bcg.evaluation.mujoco_loop.MujocoLoop`), sampled every 5 ms; ``refine``
+    MuJoCo steps of 5 / ``refine`` ms make each sample (1: one step of the MJCF's own 5 ms)."""
     from bcg.evaluation.mujoco_loop import MujocoLoop
 
-    loop = MujocoLoop(1, substeps=1, timestep=DT)
+    if isinstance(refine, bool) or int(refine) != refine or refine < 1:
+        raise ValueError(f"refine must be an integer >= 1 (MuJoCo steps per 5 ms sample), got {refine!r}")
+    loop = MujocoLoop(1, substeps=int(refine), timestep=DT / int(refine))
     q0, qd0 = scenario.initial_state()
     loop.set_state(q0[None], qd0[None])
     n = int(round(scenario.seconds / DT))

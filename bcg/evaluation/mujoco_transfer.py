@@ -67,8 +67,12 @@ class MujocoTransition:
     as they are.
     """
 
-    def __init__(self, num_envs: int, substeps: int = 4, timestep: float = 0.005):
-        self.loop = MujocoLoop(num_envs, substeps=substeps, timestep=timestep)
+    def __init__(self, num_envs: int, substeps: int = 4, timestep: float = 0.005, refine: int = 1):
+        if isinstance(refine, bool) or int(refine) != refine or refine < 1:
+            raise ValueError(f"refine must be an integer >= 1 (MuJoCo steps per substep), got {refine!r}")
+        self.refine = int(refine)
+        """MuJoCo steps of ``timestep / refine`` per substep of the env (1: MuJoCo steps at the env's substep)."""
+        self.loop = MujocoLoop(num_envs, substeps=substeps * self.refine, timestep=timestep / self.refine)
         self.resets = 0
         """Rows set from the env's state so far."""
         self._tokens = torch.zeros(num_envs, dtype=torch.long)  # per environment, the token issued last (0: none)
@@ -83,9 +87,10 @@ class MujocoTransition:
         if physics is not None:
             raise ValueError("MujocoTransition simulates the MJCF's own parameters; per-environment physics rows "
                              "(domain randomisation) are not supported: make the env without it")
-        if model.params.substeps != loop.substeps or not math.isclose(model.params.dt, loop.timestep):
+        if model.params.substeps * self.refine != loop.substeps or \
+                not math.isclose(model.params.dt, loop.timestep * self.refine):
             raise ValueError(f"the env steps {model.params.substeps} x {model.params.dt} s per control step, this "
-                             f"MuJoCo loop {loop.substeps} x {loop.timestep} s")
+                             f"MuJoCo loop {loop.substeps} x {loop.timestep} s ({self.refine} per substep)")
         rows = env_ids.detach().cpu().numpy()
         if len(np.unique(rows)) != len(rows) or rows.min(initial=0) < 0 or rows.max(initial=0) >= loop.num_envs:
             raise ValueError(f"MujocoTransition advances each of its {loop.num_envs} environments at most once per "
@@ -140,11 +145,11 @@ class ReferenceReplayPolicy:
 
 
 def make_env(motion: Any, num_envs: int, *, simulator: Literal["mujoco", "bcg"], seconds: float | None = None,
-             **env_kwargs: Any) -> G1TrackingVectorEnv:
+             mujoco_refine: int = 1, **env_kwargs: Any) -> G1TrackingVectorEnv:
     """The replay env: no autoreset, no randomisation, no gradients, episodes end only at a fall, an unstable state, the
-    clip's end or after ``seconds``; ``simulator="mujoco"`` puts a :class:`MujocoTransition` behind it, ``"bcg"``
-    keeps our simulator. ``env_kwargs`` go to the env (``dynamics``,
-    ``action_scale``)."""
+    clip's end or after ``seconds``; ``simulator="mujoco"`` puts a :class:`MujocoTransition` behind it
+    (``mujoco_refine`` MuJoCo steps per substep), ``"bcg"`` keeps our simulator. ``env_kwargs`` go to the env
+    (``dynamics``, ``action_scale``)."""
     from bcg.envs import G1TrackingVectorEnv
 
     if simulator not in ("mujoco", "bcg"):
@@ -156,7 +161,7 @@ def make_env(motion: Any, num_envs: int, *, simulator: Literal["mujoco", "bcg"],
         env.max_episode_steps = steps
     p = env.model.params
     if simulator == "mujoco":
-        env.transition_fn = MujocoTransition(num_envs, p.substeps, p.dt)
+        env.transition_fn = MujocoTransition(num_envs, p.substeps, p.dt, refine=mujoco_refine)
     return env
 
 
@@ -268,7 +273,7 @@ def replay(policy: Any, motion: Any, options: TransferOptions = TransferOptions(
     # flat keywords: the env puts them into the dynamics it is given (EnvConfig.from_kwargs)
     kw = {**(env_kwargs or {}), **options.dynamics.chosen()}
     E, K = options.num_episodes, options.phases
-    env = make_env(motion, E, simulator=simulator, seconds=options.seconds, **kw)
+    env = make_env(motion, E, simulator=simulator, seconds=options.seconds, mujoco_refine=options.mujoco_refine, **kw)
     if transition_wrapper is not None:
         env.transition_fn = transition_wrapper(env.transition_fn)
     env.reset(seed=0)  # shapes and keys; every row is then replaced by its start state
@@ -376,7 +381,8 @@ class TransferReport:
         return "\n".join([
             f"# Transfer evaluation: {self.policy} on `{self.motion}`", "",
             f"{o.num_episodes} episodes ({o.phases} start phases x seeds {list(o.seeds)}, initial joint noise "
-            f"+-{o.joint_noise:g} rad), each to a fall or {length}.", "",
+            f"+-{o.joint_noise:g} rad), each to a fall or {length}."
+            + (f" MuJoCo takes {o.mujoco_refine} steps per substep." if o.mujoco_refine != 1 else ""), "",
             TrackingMetrics.markdown_table({"MuJoCo": self.mujoco, "bcg": self.bcg}), "",
             f"Δd (mean foot penetration, bcg - MuJoCo) = {self.delta_d_mm:+.3f} mm", "",
         ])

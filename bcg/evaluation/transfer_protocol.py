@@ -33,6 +33,11 @@ class TransferOptions:
     """Longest episode [s] (None: to the clip's end)."""
     joint_noise: float = 0.02
     """Half-width of the uniform initial joint-angle noise [rad] (0: every seed starts exactly on the reference)."""
+    mujoco_refine: int = 1
+    """MuJoCo steps per substep of the policy's dynamics: 1 steps MuJoCo at the MJCF's own 5 ms, 5 at 1 ms (the
+    control period stays the policy's). A finer step checks whether a fall in MuJoCo is the policy's or the 5 ms
+    step's: at 5 ms a toe driven down by a saturated ankle can lose its contact for a whole step and sink tens of
+    millimetres (46 mm in a jump's push-off, 3.4 mm at 1 ms; docs/evaluation.md, *MuJoCo's own step*)."""
     dynamics: tyro.conf.OmitArgPrefixes[Dynamics] = Dynamics()
     """Dynamics of the replay that replace the policy's (each None: the policy's, else the simulator's default), for
     example our simulator's contact stiffness (kappa) or both simulators' control step (substeps, sim_dt)."""
@@ -46,15 +51,21 @@ class TransferOptions:
             raise ValueError(f"seconds must be a finite value > 0 or None, got {self.seconds!r}")
         if not (math.isfinite(self.joint_noise) and self.joint_noise >= 0):
             raise ValueError(f"joint_noise must be a finite value >= 0 [rad], got {self.joint_noise!r}")
+        if isinstance(self.mujoco_refine, bool) or int(self.mujoco_refine) != self.mujoco_refine \
+                or self.mujoco_refine < 1:
+            raise ValueError(f"mujoco_refine must be an integer >= 1 (MuJoCo steps per substep), got "
+                             f"{self.mujoco_refine!r}")
         if not isinstance(self.dynamics, Dynamics):
             raise TypeError(f"dynamics must be a bcg.envs.Dynamics, got {type(self.dynamics).__name__}")
 
     def digest_fields(self) -> dict[str, Any]:
         """The options as a flat dict for the names of evaluation folders: every field, the dynamics' stiffness as
-        ``kappa`` and its other fields only when set (the layout from before the dynamics were one option group, so
-        that folders written then keep their names)."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "dynamics"}
-        return {**d, "kappa": self.dynamics.kappa, **self.dynamics.chosen()}
+        ``kappa``, its other fields and ``mujoco_refine`` only when set (the layout from before the dynamics were one
+        option group and MuJoCo's step could be refined, so that folders written then keep their names)."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("dynamics",
+                                                                                              "mujoco_refine")}
+        refine = {"mujoco_refine": self.mujoco_refine} if self.mujoco_refine != 1 else {}
+        return {**d, "kappa": self.dynamics.kappa, **self.dynamics.chosen(), **refine}
 
     @property
     def num_episodes(self) -> int:
