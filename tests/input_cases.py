@@ -107,6 +107,8 @@ CASES: tuple[Case, ...] = (
     Case("evaluate --motion with an unknown name", ("evaluate", "{ws}/runs/run", "--motion", "moonwalk"),
          "motion 'moonwalk' is neither a packaged clip"),
     Case("evaluate --kappa -5", ("evaluate", "{ws}/runs/run", "--kappa", "-5"), "kappa must be a finite number > 0"),
+    Case("evaluate --mujoco-refine 0", ("evaluate", "{ws}/runs/run", "--mujoco-refine", "0"),
+         "mujoco_refine must be an integer >= 1"),
     Case("evaluate --out-dir naming a file", ("evaluate", "{ws}/runs/run", "--out-dir", "{ws}/afile"),
          "is a file; expected a folder for metrics.json"),
     Case("evaluate again with the same clip and options", ("evaluate", "{ws}/runs/run", *QUICK_EVAL),
