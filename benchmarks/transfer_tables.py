@@ -194,6 +194,11 @@ SPINKARATE_MUJOCO_PD_TORQUE_RANGE_3600 = ("nltlr60-bcg-spinkarate-s0", "nltlr60-
 """SpinKarate with today's default, MuJoCo's PD law and --torque-limit-range 1.0 1.4 for 3600 s, one run at a time,
 seeds 0 and 1, on a machine slower again than the one-at-a-time default runs' (150 iterations of the run's default
 alone took 77.5 s; 9399 / 10 063 iterations in the hour against their 10 673 / 10 147)."""
+SPINKARATE_DEFAULT_3600_SLOWEST = ("solo62-bcg-spinkarate-s0", "solo62-bcg-spinkarate-s1")
+"""SpinKarate with today's default (`bcg train --motion B_SpinKarate.csv --estimator bcg --max-time-s 3600 --seed S`)
+for 3600 s, one run at a time, seeds 0 and 1, on the machine of SPINKARATE_MUJOCO_PD_TORQUE_RANGE_3600 (150 iterations
+of the run's default alone: 77.5 s; seed 0 10 332 iterations in the hour), trained to be replayed at MuJoCo's finer
+steps as well (MUJOCO_STEP_RUNS)."""
 JUMP_DEFAULT_3600 = ("endcrtlr60-bcg-jump-s0", "endcrtlr60-bcg-jump-s1")
 """The jump with today's default for 3600 s, seeds 0 and 1."""
 JAZZWALK_DEFAULT_3600 = ("endcrtlr60-bcg-jazzwalk-s0", "endcrtlr60-bcg-jazzwalk-s1")
@@ -391,6 +396,8 @@ DEFAULT_CHANGE: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("B_SpinKarate (3600 s on the faster machine), today's default", SPINKARATE_DEFAULT_3600),
     ("B_SpinKarate (3600 s, two runs at a time), today's default", SPINKARATE_DEFAULT_3600_SLOWER),
     ("B_SpinKarate (3600 s, one run at a time), today's default", SPINKARATE_DEFAULT_3600_ALONE),
+    ("B_SpinKarate (3600 s, one run at a time on the slowest machine), today's default",
+     SPINKARATE_DEFAULT_3600_SLOWEST),
     ("jump (3600 s), previous default", JUMP_PREVIOUS_3600),
     ("jump (3600 s), today's default", JUMP_DEFAULT_3600),
     ("J_ShortDance16_JazzWalk (3600 s), previous default", JAZZWALK_PREVIOUS_3600),
@@ -448,34 +455,36 @@ def grouped(root: Path, groups: tuple[tuple[str, tuple[str, ...]], ...], first: 
     return "\n".join(lines)
 
 
-MUJOCO_STEP_RUNS: tuple[str, ...] = SPINKARATE_MUJOCO_PD_TORQUE_RANGE_3600
+MUJOCO_STEP_RUNS: tuple[str, ...] = SPINKARATE_DEFAULT_3600_SLOWEST + SPINKARATE_MUJOCO_PD_TORQUE_RANGE_3600
 """The runs replayed at finer simulator steps (docs/evaluation.md, *MuJoCo's own step*)."""
 MUJOCO_STEP_REPLAYS: tuple[tuple[str, str, str], ...] = (
-    ("MuJoCo, 5 ms (the default protocol)", "eval_B_SpinKarate.json", "mujoco"),
-    ("MuJoCo, 1 ms (`--mujoco-refine 5`)", "mujoco_step_1ms.json", "mujoco"),
-    ("MuJoCo, 0.2 ms (`--mujoco-refine 25`)", "mujoco_step_0.2ms.json", "mujoco"),
-    ("ours, 5 ms (the policy's own dynamics)", "eval_B_SpinKarate.json", "bcg"),
-    ("MuJoCo, both at 1 ms (`--substeps 20 --sim-dt 0.001`)", "both_1ms.json", "mujoco"),
-    ("ours, both at 1 ms", "both_1ms.json", "bcg"),
+    ("MuJoCo 5 ms (default protocol)", "eval_B_SpinKarate.json", "mujoco"),
+    ("MuJoCo 1 ms", "mujoco_step_1ms.json", "mujoco"),
+    ("MuJoCo 0.2 ms", "mujoco_step_0.2ms.json", "mujoco"),
+    ("ours 5 ms (the policy's)", "eval_B_SpinKarate.json", "bcg"),
+    ("both at 1 ms: MuJoCo", "both_1ms.json", "mujoco"),
+    ("both at 1 ms: ours", "both_1ms.json", "bcg"),
 )
-"""(row label, the kept ``metrics.json`` of that replay beside each run, simulator): ``eval_CLIP.json`` is `bcg
-evaluate RUN`; ``mujoco_step_*.json`` the same with ``--mujoco-refine``; ``both_1ms.json`` with ``--substeps 20
---sim-dt 0.001``."""
+"""(column label, the kept ``metrics.json`` of that replay beside each run, simulator): ``eval_CLIP.json`` is `bcg
+evaluate RUN`; ``mujoco_step_1ms.json`` and ``mujoco_step_0.2ms.json`` the same with ``--mujoco-refine 5`` and ``25``;
+``both_1ms.json`` with ``--substeps 20 --sim-dt 0.001``."""
 
 
 def step_table(root: Path, runs: tuple[str, ...] = MUJOCO_STEP_RUNS,
                replays: tuple[tuple[str, str, str], ...] = MUJOCO_STEP_REPLAYS) -> str:
-    """One row per replay, a column per run: falls of its episodes and E_track [cm], with the total falls."""
-    kept = [root / n for n in runs if (root / n).exists()]
-    lines = ["| replay | " + " | ".join(f"{r.name}: falls, E_track [cm]" for r in kept) + " | falls in all |",
-             "|---|" + "---|" * (len(kept) + 1)]
-    for label, file, sim in replays:
-        found = [json.loads((r / file).read_text())[sim] for r in kept if (r / file).exists()]
-        if len(found) != len(kept):
+    """One row per kept run (its flags apart from the default), a column per replay: falls and E_track [cm]; a
+    replay not kept beside a run is left blank."""
+    lines = ["| run (falls, E_track [cm]) | settings | " + " | ".join(label for label, _, _ in replays) + " |",
+             "|---|---|" + "---|" * len(replays)]
+    for run in (root / n for n in runs):
+        if not (run / "config.json").exists():
             continue
-        cells = [f"{m['falls']} of {m['episodes']}, {m['e_track_cm']:.1f}" for m in found]
-        total = f"{sum(m['falls'] for m in found)} of {sum(m['episodes'] for m in found)}"
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {total} |")
+        cells = []
+        for _, file, sim in replays:
+            m = json.loads((run / file).read_text())[sim] if (run / file).exists() else None
+            cells.append(f"{m['falls']} of {m['episodes']}, {m['e_track_cm']:.1f}" if m else "")
+        flags = settings(json.loads((run / "config.json").read_text()))
+        lines.append(f"| {run.name} | {flags} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
