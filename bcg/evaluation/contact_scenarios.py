@@ -406,10 +406,10 @@ def run_mujoco(scenario: Scenario, refine: int = 1) -> ContactTrace:
     the project's one MuJoCo PD loop (:class:`bcg.evaluation.mujoco_loop.MujocoLoop`), sampled every 5 ms; ``refine``
     MuJoCo steps of 5 / ``refine`` ms make each sample (1: one step of the MJCF's own 5 ms)."""
     from bcg.evaluation.mujoco_loop import MujocoLoop
+    from bcg.evaluation.transfer_protocol import check_refine
 
-    if isinstance(refine, bool) or int(refine) != refine or refine < 1:
-        raise ValueError(f"refine must be an integer >= 1 (MuJoCo steps per 5 ms sample), got {refine!r}")
-    loop = MujocoLoop(1, substeps=int(refine), timestep=DT / int(refine))
+    refine = check_refine(refine, "refine")
+    loop = MujocoLoop(1, substeps=refine, timestep=DT / refine)
     q0, qd0 = scenario.initial_state()
     loop.set_state(q0[None], qd0[None])
     n = int(round(scenario.seconds / DT))

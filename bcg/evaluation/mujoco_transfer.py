@@ -34,7 +34,7 @@ import torch
 
 from bcg.evaluation.mujoco_loop import MujocoLoop
 from bcg.evaluation.tracking_metrics import ERROR_NAMES, TrackingMetrics, anchor_index, step_errors, summarize
-from bcg.evaluation.transfer_protocol import TransferOptions
+from bcg.evaluation.transfer_protocol import TransferOptions, check_refine
 from bcg.sim import ContactReport
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -68,9 +68,7 @@ class MujocoTransition:
     """
 
     def __init__(self, num_envs: int, substeps: int = 4, timestep: float = 0.005, refine: int = 1):
-        if isinstance(refine, bool) or int(refine) != refine or refine < 1:
-            raise ValueError(f"refine must be an integer >= 1 (MuJoCo steps per substep), got {refine!r}")
-        self.refine = int(refine)
+        self.refine = check_refine(refine, "refine")
         """MuJoCo steps of ``timestep / refine`` per substep of the env (1: MuJoCo steps at the env's substep)."""
         self.loop = MujocoLoop(num_envs, substeps=substeps * self.refine, timestep=timestep / self.refine)
         self.resets = 0

@@ -18,7 +18,14 @@ import tyro
 
 from bcg.envs.dynamics import Dynamics
 
-__all__ = ["TransferOptions"]
+__all__ = ["TransferOptions", "check_refine"]
+
+
+def check_refine(refine: Any, name: str = "mujoco_refine") -> int:
+    """``refine`` (MuJoCo steps per substep) as an int; a ValueError naming ``name`` unless it is an integer >= 1."""
+    if isinstance(refine, bool) or not isinstance(refine, (int, float)) or int(refine) != refine or refine < 1:
+        raise ValueError(f"{name} must be an integer >= 1 (MuJoCo steps per substep), got {refine!r}")
+    return int(refine)
 
 
 @dataclass(frozen=True)
@@ -51,10 +58,7 @@ class TransferOptions:
             raise ValueError(f"seconds must be a finite value > 0 or None, got {self.seconds!r}")
         if not (math.isfinite(self.joint_noise) and self.joint_noise >= 0):
             raise ValueError(f"joint_noise must be a finite value >= 0 [rad], got {self.joint_noise!r}")
-        if isinstance(self.mujoco_refine, bool) or int(self.mujoco_refine) != self.mujoco_refine \
-                or self.mujoco_refine < 1:
-            raise ValueError(f"mujoco_refine must be an integer >= 1 (MuJoCo steps per substep), got "
-                             f"{self.mujoco_refine!r}")
+        check_refine(self.mujoco_refine)
         if not isinstance(self.dynamics, Dynamics):
             raise TypeError(f"dynamics must be a bcg.envs.Dynamics, got {type(self.dynamics).__name__}")
 
