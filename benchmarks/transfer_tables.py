@@ -197,8 +197,9 @@ alone took 77.5 s; 9399 / 10 063 iterations in the hour against their 10 673 / 1
 SPINKARATE_DEFAULT_3600_SLOWEST = ("solo62-bcg-spinkarate-s0", "solo62-bcg-spinkarate-s1")
 """SpinKarate with today's default (`bcg train --motion B_SpinKarate.csv --estimator bcg --max-time-s 3600 --seed S`)
 for 3600 s, one run at a time, seeds 0 and 1, on the machine of SPINKARATE_MUJOCO_PD_TORQUE_RANGE_3600 (150 iterations
-of the run's default alone: 77.5 s; seed 0 10 332 iterations in the hour), trained to be replayed at MuJoCo's finer
-steps as well (MUJOCO_STEP_RUNS)."""
+of the run's default alone: 77.5 s; 10 332 / 9215 iterations in the hour; seed 1 shared the cores with a niced
+clean-clone test run for about 20 minutes), trained to be replayed at MuJoCo's finer steps as well
+(MUJOCO_STEP_RUNS)."""
 JUMP_DEFAULT_3600 = ("endcrtlr60-bcg-jump-s0", "endcrtlr60-bcg-jump-s1")
 """The jump with today's default for 3600 s, seeds 0 and 1."""
 JAZZWALK_DEFAULT_3600 = ("endcrtlr60-bcg-jazzwalk-s0", "endcrtlr60-bcg-jazzwalk-s1")
