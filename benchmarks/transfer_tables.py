@@ -480,9 +480,11 @@ def step_table(root: Path, runs: tuple[str, ...] = MUJOCO_STEP_RUNS,
     for run in (root / n for n in runs):
         if not (run / "config.json").exists():
             continue
+        kept = {file: json.loads((run / file).read_text()) for file in {f for _, f, _ in replays}
+                if (run / file).exists()}  # each replay's file read once (two columns share eval_CLIP.json)
         cells = []
         for _, file, sim in replays:
-            m = json.loads((run / file).read_text())[sim] if (run / file).exists() else None
+            m = kept[file][sim] if file in kept else None
             cells.append(f"{m['falls']} of {m['episodes']}, {m['e_track_cm']:.1f}" if m else "")
         flags = settings(json.loads((run / "config.json").read_text()))
         lines.append(f"| {run.name} | {flags} | " + " | ".join(cells) + " |")
