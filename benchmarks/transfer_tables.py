@@ -10,8 +10,8 @@ episodes through the whole clip, in MuJoCo and in our simulator). The checkpoint
 ``--write`` replaces the text between ``<!-- transfer_tables:NAME -->`` and ``<!-- /transfer_tables:NAME -->`` in
 each file by table NAME (the keys of ``tables()``: runs, ablation, methods, methods_jump, methods_run_3600,
 methods_fight_3600, methods_dance_3600, defaults, jump, spinkarate, window_size, bundle_size, randomization,
-default_change, mujoco_step); a file without a marker is left as it is. ``mujoco_step`` reads further replays kept
-beside its runs (``MUJOCO_STEP_REPLAYS``).
+default_change, mujoco_step, dropout); a file without a marker is left as it is. ``mujoco_step`` and ``dropout`` read
+further replays kept beside their runs (``MUJOCO_STEP_REPLAYS``, ``DROPOUT_REPLAYS``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ LEVERS: tuple[str, ...] = ("domain_randomization", "adaptive_start", "adaptive_s
                            "replay_threshold",
                            "action_scale_torque", "kappa", "soft_contact_timeconst", "contact_beta",
                            "contact_randomization", "torque_limit_randomization", "torque_limit_range",
-                           "friction_range", "reference_joint_margin", "pd_lookahead")
+                           "friction_range", "reference_joint_margin", "pd_lookahead", "contact_dropout_range",
+                           "contact_dropout")
 """TrainConfig fields (or fields of its dynamics or episode layers) a run of this table may set apart from `bcg train`'s
 defaults."""
 
@@ -194,6 +195,9 @@ SPINKARATE_MUJOCO_PD_TORQUE_RANGE_3600 = ("nltlr60-bcg-spinkarate-s0", "nltlr60-
 """SpinKarate with today's default, MuJoCo's PD law and --torque-limit-range 1.0 1.4 for 3600 s, one run at a time,
 seeds 0 and 1, on a machine slower again than the one-at-a-time default runs' (150 iterations of the run's default
 alone took 77.5 s; 9399 / 10 063 iterations in the hour against their 10 673 / 10 147)."""
+SPINKARATE_DROPOUT_3600 = ("drop63-bcg-spinkarate-s0", "drop63-bcg-spinkarate-s1")
+"""SpinKarate with today's default and --contact-dropout-range 0 1 for 3600 s, two runs at a time, seeds 0 and 1 (150
+iterations of the run's default alone took 70.9 s on this machine)."""
 SPINKARATE_DEFAULT_3600_SLOWEST = ("solo62-bcg-spinkarate-s0", "solo62-bcg-spinkarate-s1")
 """SpinKarate with today's default (`bcg train --motion B_SpinKarate.csv --estimator bcg --max-time-s 3600 --seed S`)
 for 3600 s, one run at a time, seeds 0 and 1, on the machine of SPINKARATE_MUJOCO_PD_TORQUE_RANGE_3600 (150 iterations
@@ -357,6 +361,8 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      SPINKARATE_TORQUE_RANGE_10400),
     ("today's default with both, --pd-lookahead False --torque-limit-range 1.0 1.4 (3600 s, one run at a time)",
      SPINKARATE_MUJOCO_PD_TORQUE_RANGE_3600),
+    ("today's default with contact dropouts, --contact-dropout-range 0 1 (3600 s, two runs at a time)",
+     SPINKARATE_DROPOUT_3600),
 )
 """What was tried on SpinKarate: its transfer gap (saturated ankles, an ankle roll held at its stop by the clip, a
 slippery pivot) and learning its kicks within the hour (where failed episodes are credited); flags on top of the
@@ -471,6 +477,22 @@ evaluate RUN`; ``mujoco_step_1ms.json`` and ``mujoco_step_0.2ms.json`` the same 
 ``both_1ms.json`` with ``--substeps 20 --sim-dt 0.001``."""
 
 
+DROPOUT_RUNS: tuple[str, ...] = SPINKARATE_DEFAULT_3600_SLOWEST
+"""The runs replayed in our simulator with contact dropouts (docs/evaluation.md, *Contact dropouts*)."""
+DROPOUT_REPLAYS: tuple[tuple[str, str, str], ...] = (
+    ("MuJoCo 5 ms (default protocol)", "eval_B_SpinKarate.json", "mujoco"),
+    ("ours (default protocol)", "eval_B_SpinKarate.json", "bcg"),
+    ("ours, dropout 0.25", "ours_dropout_0.25.json", "bcg"),
+    ("ours, dropout 0.5", "ours_dropout_0.5.json", "bcg"),
+    ("ours, dropout 1", "ours_dropout_1.json", "bcg"),
+    ("ours, soft ground", "ours_soft.json", "bcg"),
+    ("ours, soft ground, dropout 1", "ours_soft_dropout_1.json", "bcg"),
+)
+"""(column label, kept ``metrics.json`` beside each run, simulator): ``ours_dropout_P.json`` is `bcg evaluate RUN
+--contact-dropout P`; ``ours_soft.json`` adds ``--soft-contact-timeconst 0.02 --contact-beta 0.1`` (the softest ground
+of the contact randomisation), ``ours_soft_dropout_1.json`` both."""
+
+
 def step_table(root: Path, runs: tuple[str, ...] = MUJOCO_STEP_RUNS,
                replays: tuple[tuple[str, str, str], ...] = MUJOCO_STEP_REPLAYS) -> str:
     """One row per kept run (its flags apart from the default), a column per replay: falls and E_track [cm]; a
@@ -515,6 +537,8 @@ def tables(root: Path) -> dict[str, tuple[str, str]]:
         "default_change": ("Today's default against the previous one",
                            grouped(root, DEFAULT_CHANGE, "SHAC+BCG", iterations=True)),
         "mujoco_step": ("SpinKarate's policies at finer simulator steps", step_table(root)),
+        "dropout": ("SpinKarate's policies replayed with contact dropouts",
+                    step_table(root, DROPOUT_RUNS, DROPOUT_REPLAYS)),
     }
 
 

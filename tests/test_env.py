@@ -306,7 +306,8 @@ def test_domain_randomization(motion_path: Path) -> None:
 def test_contact_and_torque_limit_draws(motion_path: Path) -> None:
     """The contact draws: the Baumgarte factor within its range, a soft ground (g_free = the impedance, g_start =
     2 h / T - i for T in its range) for about the asked share, the model's own contact for the rest; the draws
-    before them are those of the ranges without contact draws (same seed), so existing runs keep their numbers."""
+    before them are those of the ranges without contact draws (same seed), so existing runs keep their numbers. The
+    torque limits' and the contact dropout's draws within their ranges."""
     import dataclasses
 
     from bcg.envs.randomization import DomainRandomization
@@ -335,6 +336,13 @@ def test_contact_and_torque_limit_draws(motion_path: Path) -> None:
     tl.reset(seed=3)
     scale = tl.physics.torque_limit / default_physics(tl.model, 4).torque_limit
     assert ((scale >= 0.85 - 1e-6) & (scale <= 1.2 + 1e-6)).all() and scale.unique().numel() == scale.numel()
+    drop = make_vec(motion_path, n, domain_randomization=DomainRandomization(dropout_probability=(0.2, 0.6)))
+    drop.reset(seed=3)
+    p_drop = drop.physics.contact_dropout
+    assert ((p_drop >= 0.2) & (p_drop <= 0.6)).all() and p_drop.unique().numel() == n
+    assert torch.equal(tl.physics.contact_dropout, torch.zeros(4))  # off: the model's own, never
+    with pytest.raises(ValueError, match=r"dropout_probability must lie in \[0, 1\]"):
+        DomainRandomization(dropout_probability=(0.5, 1.5))
     with pytest.raises(ValueError, match="contact_beta must lie in"):
         DomainRandomization(contact_beta=(0.2, 1.5))
     with pytest.raises(ValueError, match="at least|>= 2 substeps"):

@@ -373,3 +373,26 @@ def test_pgs_adjoint_equals_float64_autograd(g1_model, contact_substep):
         g_wp, g_ref = _as_np(inputs[k].grad), ref_in[k].grad.numpy()
         rel = np.linalg.norm(g_wp - g_ref) / np.linalg.norm(g_ref)
         assert rel < 2e-6, f"{name}: relative adjoint error {rel:.2e}"
+
+
+@pytest.fixture(scope="module")
+def dropout_model(g1_model):
+    """The G1 with every sphere less than 2.2 mm deep dropped (dropout 1: the draws do not matter, so the finite
+    differences see the same spheres dropped). In the contact fixture's first substep that is 9 of 16 spheres, 5 of
+    them touching; the nearest depths are 1.3 and 3.0 mm."""
+    return g1_model.with_params(dropout=1.0, dropout_depth=0.0022)
+
+
+@pytest.mark.parametrize("name", ["contact_setup", "pgs", "apply_contact"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_contact_dropout_kernel_adjoints_match_finite_differences(dropout_model, name, seed):
+    """A dropped sphere's activation is 0 in the forward and in the adjoint; the others keep their gradients."""
+    arrs = _contact_arrays(dropout_model)
+    s_act = arrs.sub[0]["s_act"].numpy()
+    depth = arrs.sub[0]["depth"].numpy()
+    dropped = depth < dropout_model.params.dropout_depth
+    assert dropped.any() and (~dropped).any()
+    assert (s_act[dropped] == 0).all() and (s_act[~dropped] > 0.5).all()
+    assert np.abs(depth - dropout_model.params.dropout_depth).min() > 3e-4  # FD steps stay on one side
+    err = _check_kernel(dropout_model, arrs, name, seed)
+    print(f"{name} seed {seed}: {err:.2e}")

@@ -38,6 +38,7 @@ def _randomised(model, n, seed=0) -> Physics:
         mu=u((n,), 0.3, 1.2),
         contact_bias=_contact_gains(model, n, g),
         torque_limit=ph.torque_limit * u((n, 1), 0.5, 1.0),  # half the limits: the saturation is reached
+        contact_dropout=ph.contact_dropout,
     )
 
 
@@ -115,10 +116,13 @@ def test_physics_saved_before_the_contact_gains_load_with_the_models_own(g1_mode
     ph = _randomised(g1_model, 3)
     back = physics_from_saved(list(ph), g1_model, "cpu")
     assert all(torch.equal(a, b) for a, b in zip(back, ph, strict=True))
-    old = physics_from_saved(list(ph)[:-2], g1_model, "cpu")  # the 8 fields of the first checkpoints
+    old = physics_from_saved(list(ph)[:-3], g1_model, "cpu")  # the 8 fields of the first checkpoints
     own = default_physics(g1_model, 3)
     assert torch.equal(old.contact_bias, own.contact_bias) and torch.equal(old.torque_limit, own.torque_limit)
-    by_name = {k: v for k, v in ph._asdict().items() if k not in ("contact_bias", "torque_limit")}
+    assert torch.equal(old.contact_dropout, own.contact_dropout)
+    ten = physics_from_saved(list(ph)[:-1], g1_model, "cpu")  # the 10 fields before the contact dropout
+    assert torch.equal(ten.torque_limit, ph.torque_limit) and torch.equal(ten.contact_dropout, own.contact_dropout)
+    by_name = {k: v for k, v in ph._asdict().items() if k not in ("contact_bias", "torque_limit", "contact_dropout")}
     assert torch.equal(physics_from_saved(by_name, g1_model, "cpu").mu, ph.mu)
     with pytest.raises(ValueError, match=r"lack the field\(s\) \['kp'\]"):
         physics_from_saved({k: v for k, v in by_name.items() if k != "kp"}, g1_model, "cpu")

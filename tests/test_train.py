@@ -347,6 +347,22 @@ def test_torque_limit_range_replaces_the_torque_limit_draw_only_when_that_draw_i
         parse_train_args(["--torque-limit-range", "1.0", "1.4", "--no-torque-limit-randomization"])
 
 
+def test_contact_dropout_range_draws_the_dropout_with_or_without_domain_randomization():
+    from bcg.agents.train import config_from_dict, config_to_dict, parse_train_args
+
+    cfg = parse_train_args(["--contact-dropout-range", "0", "1"])
+    dr = cfg.env_config().domain_randomization
+    assert dr.dropout_probability == (0.0, 1.0) and dr.contact_beta == (0.1, 0.5) and dr.friction == (0.3, 1.2)
+    assert config_from_dict(json.loads(json.dumps(config_to_dict(cfg)))) == cfg
+    alone = parse_train_args(["--contact-dropout-range", "0.2", "0.4", "--no-domain-randomization",
+                              "--no-contact-randomization", "--no-torque-limit-randomization"])
+    dr = alone.env_config().domain_randomization
+    assert dr.dropout_probability == (0.2, 0.4) and dr.friction is None and dr.physics_active
+    d = config_to_dict(parse_train_args([]))
+    del d["contact_dropout_range"]  # a run recorded before the option existed
+    assert config_from_dict(d).contact_dropout_range is None
+
+
 @pytest.mark.parametrize("args, message", [
     (["--iterations", "0"], "iterations must be an integer >= 1, got 0"),
     (["--motion", "moonwalk"], "unknown motion 'moonwalk': expected one of run, jump, fight, dance"),
@@ -358,6 +374,8 @@ def test_torque_limit_range_replaces_the_torque_limit_draw_only_when_that_draw_i
     (["--shac.num-envs", "0"], "num_envs"),
     (["--friction-range", "0.8", "0.2"], "friction_range must be two numbers LO HI with 0 < LO <= HI"),
     (["--torque-limit-range", "0", "1.2"], "torque_limit_range must be two numbers LO HI with 0 < LO <= HI"),
+    (["--contact-dropout-range", "0.5", "1.5"],
+     "contact_dropout_range must be two numbers LO HI with 0 <= LO <= HI <= 1"),
 ])
 def test_bad_values_refused(args, message, capsys):
     from bcg.cli import main

@@ -30,6 +30,14 @@ def test_the_torque_limit_range_and_the_pd_law_are_named_as_typed() -> None:
     assert tables.settings(config_to_dict(cfg)) == "--estimator bptt --torque-limit-range 1.0 1.4 --pd-lookahead False"
 
 
+def test_the_contact_dropout_is_named_as_typed() -> None:
+    from bcg.envs import Dynamics
+
+    cfg = default_config("shac", contact_dropout_range=(0.0, 1.0), dynamics=Dynamics(contact_dropout=0.5))
+    assert tables.settings(config_to_dict(cfg)) == (
+        "--estimator bptt --contact-dropout-range 0.0 1.0 --contact-dropout 0.5")
+
+
 def test_a_run_written_before_the_randomisations_were_on_by_default_names_them_off() -> None:
     d = config_to_dict(default_config("shac"))
     for key in ("contact_randomization", "torque_limit_randomization"):

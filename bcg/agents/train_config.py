@@ -185,6 +185,11 @@ class TrainConfig:
     or the model's 0.8 without it). A lower range trains on feet that slide and turn more freely: in MuJoCo a foot
     pivoting under load behaves like ours at mu of about 0.3 (docs/shac.md, SpinKarate). Works with or without
     --domain-randomization."""
+    contact_dropout_range: tuple[float, float] | None = None
+    """Range LO HI in [0, 1] of the probability, drawn per environment, that a foot sphere near the ground (less than
+    2 mm deep) has no contact in a substep (None: never). MuJoCo's contacts, found once per 5 ms step, sometimes miss
+    a toe that rocks off the ground for a step, and it sinks deep into MuJoCo's soft ground; this trains on such
+    steps, at random (docs/envs.md, docs/shac.md). Works with or without --domain-randomization."""
     max_episode_steps: int | None = None
     """Extra time limit of an episode in control steps (None: the clip's end)."""
     reference_joint_margin: float = 0.0
@@ -254,6 +259,12 @@ class TrainConfig:
                     and 0 < r[0] <= r[1]):
                 raise ValueError(f"{name} must be two numbers LO HI with 0 < LO <= HI, got {r!r}")
             object.__setattr__(self, name, (float(r[0]), float(r[1])))  # a config file gives a list
+        r = self.contact_dropout_range
+        if r is not None:
+            if not (len(r) == 2 and all(isinstance(x, numbers.Real) and math.isfinite(x) for x in r)
+                    and 0 <= r[0] <= r[1] <= 1):
+                raise ValueError(f"contact_dropout_range must be two numbers LO HI with 0 <= LO <= HI <= 1, got {r!r}")
+            object.__setattr__(self, "contact_dropout_range", (float(r[0]), float(r[1])))
         if self.torque_limit_range is not None and not self.torque_limit_randomization:
             raise ValueError("torque_limit_range is the range of --torque-limit-randomization, which is off "
                              "(--no-torque-limit-randomization): drop one of the two")
@@ -329,7 +340,8 @@ class TrainConfig:
         extra = {**(CONTACT_RANDOMIZATION if self.contact_randomization else {}),
                  **(TORQUE_LIMIT_RANDOMIZATION if self.torque_limit_randomization else {}),
                  **({"torque_limit_scale": self.torque_limit_range} if self.torque_limit_range else {}),
-                 **({"friction": self.friction_range} if self.friction_range else {})}
+                 **({"friction": self.friction_range} if self.friction_range else {}),
+                 **({"dropout_probability": self.contact_dropout_range} if self.contact_dropout_range else {})}
         if not extra:
             return bool(self.domain_randomization)
         base = DomainRandomization() if self.domain_randomization else DomainRandomization.off()

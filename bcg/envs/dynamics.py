@@ -14,7 +14,7 @@ __all__ = ["DYNAMICS_FIELDS", "DYNAMICS_PARAMS", "Dynamics"]
 DYNAMICS_PARAMS: dict[str, tuple[str, type]] = {
     "kappa": ("kappa", float), "substeps": ("substeps", int), "sim_dt": ("dt", float),
     "soft_contact_timeconst": ("soft_timeconst", float), "contact_beta": ("beta", float),
-    "pd_lookahead": ("pd_lookahead", bool)}
+    "pd_lookahead": ("pd_lookahead", bool), "contact_dropout": ("dropout", float)}
 """Each field of :class:`Dynamics`: its :func:`bcg.sim.load_model` parameter and type."""
 
 DYNAMICS_FIELDS: tuple[str, ...] = tuple(DYNAMICS_PARAMS)
@@ -44,7 +44,14 @@ class Dynamics:
     """Whether the PD actuators read the position predicted at the end of the substep (True, the simulator's default:
     an extra damping h kp) or its start, as MuJoCo's position actuators do (False) (bcg.sim.ContactParams)."""
 
+    contact_dropout: float | None = None
+    """Probability in [0, 1] that a foot sphere near the ground (less than 2 mm deep) has no contact in a substep, as
+    MuJoCo's contacts, found once per 5 ms step, sometimes miss a toe (None: 0, never; bcg.sim.ContactParams.dropout,
+    docs/simulator.md)."""
+
     def __post_init__(self) -> None:
+        if self.contact_dropout is not None and not (is_real(self.contact_dropout) and 0 <= self.contact_dropout <= 1):
+            raise ValueError(f"contact_dropout must be a number in [0, 1] or None, got {self.contact_dropout!r}")
         if self.substeps is not None:
             object.__setattr__(self, "substeps", check_count("substeps", self.substeps))
         if self.pd_lookahead is not None and not isinstance(self.pd_lookahead, bool):

@@ -60,6 +60,10 @@ class DomainRandomization:
     torque_limit_scale: Range | None = None
     """Scale of each actuator's torque limit (the level the PD torque saturates at), U(lo, hi) per actuator; None:
     the model's. MuJoCo clamps at the limit where our smooth saturation gives 16 % less there."""
+    dropout_probability: Range | None = None
+    """Probability that a foot sphere near the ground has no contact in a substep (``bcg.sim.ContactParams.dropout``),
+    U(lo, hi) in [0, 1] per environment; None: the model's (0). MuJoCo, finding contacts once per 5 ms step, misses
+    toes that rock off the ground for a step, and they sink deep into its soft ground (docs/envs.md)."""
     # --- actions, pushes, resets, observations ---
     joint_offset: Range | None = (-0.01, 0.01)
     """Offset of the default joint position (the action's centre) [rad], U(lo, hi) per joint. Per environment."""
@@ -97,7 +101,7 @@ class DomainRandomization:
         return any(r is not None for r in (self.friction, self.gain_scale, self.link_mass_scale,
                                             self.base_mass_offset, self.com_offset, self.armature_scale,
                                             self.damping_scale, self.contact_beta, self.contact_soft_timeconst,
-                                            self.torque_limit_scale))
+                                            self.torque_limit_scale, self.dropout_probability))
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -111,6 +115,9 @@ class DomainRandomization:
             raise ValueError(f"DomainRandomization.torque_limit_scale must be > 0, got {self.torque_limit_scale}")
         if self.contact_beta is not None and not 0.0 <= self.contact_beta[0] <= self.contact_beta[1] <= 1.0:
             raise ValueError(f"DomainRandomization.contact_beta must lie in [0, 1], got {self.contact_beta}")
+        p = self.dropout_probability
+        if p is not None and not 0.0 <= p[0] <= p[1] <= 1.0:
+            raise ValueError(f"DomainRandomization.dropout_probability must lie in [0, 1], got {p}")
         if self.contact_soft_timeconst is not None and self.contact_soft_timeconst[0] <= 0:
             raise ValueError("DomainRandomization.contact_soft_timeconst must be > 0 s, got "
                              f"{self.contact_soft_timeconst}")
@@ -166,8 +173,11 @@ def sample_physics(base: Physics, dr: DomainRandomization, gen: torch.Generator,
     if dr.torque_limit_scale is not None:
         lo, hi = dr.torque_limit_scale
         limit = limit * uniform(gen, lo, hi, tuple(limit.shape), dev)
+    dropout = base.contact_dropout
+    if dr.dropout_probability is not None:
+        dropout = uniform(gen, dr.dropout_probability[0], dr.dropout_probability[1], (k,), dev)
     return Physics(body_mass=mass, body_com=com, body_inertia=inertia, dof_armature=arm, dof_damping=damp, kp=kp,
-                   kd=kd, mu=mu, contact_bias=gains, torque_limit=limit)
+                   kd=kd, mu=mu, contact_bias=gains, torque_limit=limit, contact_dropout=dropout)
 
 
 def _contact_gains(base: torch.Tensor, dr: DomainRandomization, gen: torch.Generator,

@@ -66,6 +66,7 @@ class ModelArrays:
     kd: wp.array
     mu: wp.array  # [1]
     contact_bias: wp.array  # [1, 3] the model's (g_free, g_start, g_depth)
+    contact_dropout: wp.array  # [1] the model's ContactParams.dropout
     torque_limit: wp.array
     actuator_speed: wp.array  # [nu] no-load speed [rad/s], 1e30 without an envelope
     sphere_body: wp.array
@@ -127,6 +128,7 @@ def _build_arrays(model: SimModel) -> ModelArrays:
         kd=f32(model.kd[None]),
         mu=f32(np.array([model.params.mu])),
         contact_bias=f32(np.array([model.params.normal_bias_gains()])),
+        contact_dropout=f32(np.array([model.params.dropout])),
         torque_limit=f32(limit[None]),
         actuator_speed=f32(speed),
         sphere_body=i32(model.sphere_body),
@@ -277,7 +279,7 @@ def step_layout(model: SimModel, n: int, per_env_physics: bool = False, ws: Mode
             ("body_mass", (n, nb), float), ("body_com", (n, nb), wp.vec3), ("body_inertia", (n, nb), wp.mat33),
             ("dof_armature", (n, nv), float), ("dof_damping", (n, nv), float), ("kp", (n, nu), float),
             ("kd", (n, nu), float), ("mu", (n,), float), ("contact_bias", (n, 3), float),
-            ("torque_limit", (n, nu), float))]
+            ("torque_limit", (n, nu), float), ("contact_dropout", (n,), float))]
     fields, offset, marks = [], 0, {}
     for i, (group, index, name, shape, dtype) in enumerate(order):
         for mark, at in (("reset", n_reset), ("zero", n_zero), ("grad", n_grad)):
@@ -533,7 +535,8 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool
     q, qd = arrs.q[k], arrs.qd[k]
     ph = arrs.physics or dict(body_mass=m.body_mass, body_com=m.body_com, body_inertia=m.body_inertia,
                               dof_armature=m.dof_armature, dof_damping=m.dof_damping, kp=m.kp, kd=m.kd, mu=m.mu,
-                              contact_bias=m.contact_bias, torque_limit=m.torque_limit)
+                              contact_bias=m.contact_bias, torque_limit=m.torque_limit,
+                              contact_dropout=m.contact_dropout)
     launches = [
         Launch(K.fk_rnea,
                [q, qd, m.body_parent, m.body_pos, m.body_quat, m.body_axis, ph["body_mass"], ph["body_com"],
@@ -553,7 +556,7 @@ def substep_launches(model: SimModel, arrs: StepArrays, k: int, terms_only: bool
         Launch(K.contact_setup,
                [q, s["X_w"], s["S"], m.sphere_body, m.sphere_pos, m.sphere_radius, m.sphere_foot, m.foot_body,
                 m.body_last_dof, m.foot_shared, m.dof_ancestors, m.dof_ancestor_count, s["L"], s["v_free"], qd,
-                p.kappa, ph["contact_bias"], p.dt],
+                p.kappa, ph["contact_bias"], ph["contact_dropout"], p.dropout_depth, k, p.dt],
                [s["J_foot"], s["foot_twist"], s["foot_twist0"], s["Y"], s["Y_tmp"], s["Lam"], s["G"], s["P"], s["A"],
                 s["w"],
                 s["s_act"], s["depth"], s["A_foot"], s["s_norm"]]),

@@ -78,6 +78,23 @@ def sigmoid(x: float):
     return 0.5 * (1.0 + wp.tanh(0.5 * x))
 
 
+DROPOUT_CELL = wp.constant(1.0e5)  # [1/m]; reference.DROPOUT_CELL
+
+
+@wp.func
+def dropout_draw(pc: wp.vec3, z_root: float, c: int, substep: int):
+    """U[0, 1) draw of sphere c's contact dropout in a substep: Warp's PCG hash chained over the sphere's position
+    relative to the root (10 um cells), the root height, the sphere and the substep (``reference.dropout_draw`` is
+    the same hash in torch)."""
+    ix = int(wp.floor(pc[0] * DROPOUT_CELL))
+    iy = int(wp.floor(pc[1] * DROPOUT_CELL))
+    iz = int(wp.floor((pc[2] + z_root) * DROPOUT_CELL))
+    st = wp.rand_init(ix, iy)
+    st = wp.rand_init(wp.randi(st), iz)
+    st = wp.rand_init(wp.randi(st), c + 64 * substep)
+    return wp.randf(st)
+
+
 @wp.kernel
 def fk_rnea(
     # state in
@@ -452,6 +469,9 @@ def contact_setup(
     # parameters
     kappa: float,
     bias_gains: wp.array2d(dtype=float),
+    dropout: wp.array(dtype=float),
+    dropout_depth: float,
+    substep: int,
     dt: float,
     # outputs (each written once per substep)
     J_foot: wp.array3d(dtype=float),
@@ -478,7 +498,9 @@ def contact_setup(
     s_act [N, nc] = sigmoid(kappa d) weights the tangent rows; s_norm [N, nc] weights the normal rows with the
     regulariser of the foot's mean normal entry (see ``normal_weight``); A_foot [N, nf] holds (sum, count) of the
     foot's normal entries. bias_gains [N or 1, 3] are the normal rows' (g_free, g_start, g_depth) per environment
-    (``ContactParams.normal_bias_gains``; not differentiated).
+    (``ContactParams.normal_bias_gains``; not differentiated). dropout [N or 1] is the probability that a sphere less
+    than dropout_depth [m] deep at the substep's start has no contact in it (s_act = 0; ``ContactParams.dropout``),
+    drawn from a hash of the sphere's position, the sphere and the substep (``dropout_draw``).
     """
     e = wp.tid()
     nc = sphere_body.shape[0]
@@ -487,6 +509,7 @@ def contact_setup(
     g_free = bias_gains[eg, 0]
     g_start = bias_gains[eg, 1]
     g_depth = bias_gains[eg, 2]
+    p_drop = dropout[e % dropout.shape[0]]
     for f in range(nf):
         a0 = body_last_dof[foot_body[f]]
         S0 = S[e, a0]
@@ -510,7 +533,11 @@ def contact_setup(
         pc = wp.transform_point(X_w[e, sphere_body[c]], sphere_pos[c])
         d = rad - (pc[2] + z_root)
         depth[e, c] = d
-        s_act[e, c] = sigmoid(kappa * d)
+        s_c = sigmoid(kappa * d)
+        if p_drop > 0.0 and d < dropout_depth:
+            if dropout_draw(pc, z_root, c, substep) < p_drop:
+                s_c = 0.0
+        s_act[e, c] = s_c
         p = wp.vec3(pc[0], pc[1], pc[2] - rad)
         for k in range(3):
             n = wp.vec3()

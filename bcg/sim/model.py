@@ -68,6 +68,16 @@ class ContactParams:
     pushed out at beta d / h (docs/simulator.md, *Soft normal contact*). Must be >= 2 dt when set (MuJoCo's rule)."""
     soft_impedance: float = 0.95
     """Share of the free normal motion a soft contact resists (MuJoCo's solimp d; 0.95 its default d_max)."""
+    dropout: float = 0.0
+    """Probability in [0, 1] that a foot sphere less than ``dropout_depth`` deep at the start of a substep has no
+    contact in that substep (0: never). MuJoCo at its 5 ms step finds contacts at the start of each step, and in a
+    push-off its toes, rocking on a soft ground, are sometimes not in contact in the step where the ankles snap: they
+    sink 17 mm within it. Our contact holds them; a dropout leaves spheres without a contact at random substeps
+    instead (docs/simulator.md, *Contact dropout*). The draw is a hash of the sphere's position, the sphere and the substep: deterministic in the
+    state, independent between spheres and substeps."""
+    dropout_depth: float = 0.002
+    """Depth [m] below which a sphere can drop out (resting spheres are 0.55 mm deep; a sphere clear of the ground,
+    d < 0, always can)."""
     pd_lookahead: bool = True
     """Whether the PD actuators read the joint position predicted at the end of the substep, kp (q* - q - h qd+) -
     kd qd+ (a damping of kd + h kp: 20 % more than kd on the legs), or, False, the position at its start as MuJoCo's
@@ -113,6 +123,8 @@ class ContactParams:
             "soft_timeconst": finite(self.soft_timeconst) and (self.soft_timeconst == 0
                                                                 or self.soft_timeconst >= 2 * self.dt),
             "soft_impedance": finite(self.soft_impedance) and 0 < self.soft_impedance < 1,
+            "dropout": finite(self.dropout) and 0 <= self.dropout <= 1,
+            "dropout_depth": finite(self.dropout_depth) and self.dropout_depth >= 0,
             "pd_lookahead": isinstance(self.pd_lookahead, (bool, np.bool_)),
             "iterations": is_int(self.iterations) and self.iterations >= 1,
             "substeps": is_int(self.substeps) and self.substeps >= 1,
@@ -130,6 +142,8 @@ class ContactParams:
             "mu": "a finite value >= 0",
             "soft_timeconst": "0 (Baumgarte contact) or a finite value >= 2 dt [s]",
             "soft_impedance": "a value in (0, 1)",
+            "dropout": "a probability in [0, 1]",
+            "dropout_depth": "a finite value >= 0 [m]",
             "pd_lookahead": "True or False",
             "iterations": "an integer >= 1",
             "substeps": "an integer >= 1",

@@ -41,6 +41,7 @@ def default_physics(model: SimModel, n: int, device: str | torch.device | None =
         mu=torch.full((n,), float(model.params.mu), dtype=torch.float32, device=dev),
         contact_bias=rep(model.params.normal_bias_gains()),
         torque_limit=rep(np.where(np.isfinite(model.torque_limit), model.torque_limit, UNLIMITED_TORQUE)),
+        contact_dropout=torch.full((n,), float(model.params.dropout), dtype=torch.float32, device=dev),
     )
 
 
@@ -52,6 +53,7 @@ def check_physics(model: SimModel, physics: Physics, n: int, device: torch.devic
         "body_mass": (n, model.nb), "body_com": (n, model.nb, 3), "body_inertia": (n, model.nb, 3, 3),
         "dof_armature": (n, model.nv), "dof_damping": (n, model.nv), "kp": (n, model.nu), "kd": (n, model.nu),
         "mu": (n,), "contact_bias": (n, 3), "torque_limit": (n, model.nu),
+        "contact_dropout": (n,),
     }
     for name, shape in shapes.items():
         t = getattr(physics, name)
@@ -67,6 +69,8 @@ def check_physics(model: SimModel, physics: Physics, n: int, device: torch.devic
         if name not in ("body_com", "contact_bias") and bool((values < 0).any()):
             what = "diagonal entries" if name == "body_inertia" else "values"
             raise ValueError(f"physics.{name} must have non-negative {what}")
+    if bool((physics.contact_dropout > 1).any()):
+        raise ValueError("physics.contact_dropout must lie in [0, 1]")
     if bool((physics.body_mass[:, 0] <= 0).any()):
         raise ValueError("physics.body_mass of the root must be positive")
 
@@ -75,11 +79,11 @@ def physics_from_saved(saved: Sequence[torch.Tensor] | Mapping[str, torch.Tensor
                        device: str | torch.device) -> Physics:
     """A :class:`Physics` from its fields as a checkpoint stores them (in field order, or by name), on ``device``.
 
-    Rows saved before the contact gains and torque limits were per environment lack ``contact_bias`` and
-    ``torque_limit``; they get the model's own."""
+    Rows saved before the contact gains, torque limits and contact dropouts were per environment lack
+    ``contact_bias``, ``torque_limit`` or ``contact_dropout``; they get the model's own."""
     values = dict(saved) if isinstance(saved, Mapping) else dict(zip(Physics._fields, saved))
     values = {k: t.to(device).clone() for k, t in values.items()}
-    later = ("contact_bias", "torque_limit")  # fields added after checkpoints were first written, in order
+    later = ("contact_bias", "torque_limit", "contact_dropout")  # added after the first checkpoints, in order
     if any(k not in values for k in later) and "mu" in values:
         own = default_physics(model, int(values["mu"].shape[0]), device)
         for k in later:

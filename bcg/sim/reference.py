@@ -41,12 +41,17 @@ from bcg.sim.types import ContactReport, Physics
 
 PUSH_OUT_DEPTH = 0.05
 """Contact penetrations beyond this [m] are pushed out no faster than at it (the Baumgarte rate is capped)."""
+DROPOUT_CELL = 1.0e5
+"""Cells per metre of the positions that seed a sphere's contact-dropout draw (10 um: a moving foot changes cell every
+substep, a resting one keeps its draw)."""
 PUSH_OUT_ANGLE = 0.25
 """Joint-limit violations beyond this [rad] are backed out no faster than at it."""
 
 __all__ = [
     "PUSH_OUT_ANGLE",
     "PUSH_OUT_DEPTH",
+    "DROPOUT_CELL",
+    "dropout_draw",
     "ContactReport",
     "Kinematics",
     "forward_kinematics",
@@ -264,6 +269,34 @@ def _sigmoid(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * (1.0 + torch.tanh(0.5 * x))
 
 
+_U32 = 0xFFFFFFFF
+
+
+def _pcg(state: torch.Tensor) -> torch.Tensor:
+    """Warp's rand_pcg on uint32 values held in int64."""
+    b = (state * 747796405 + 2891336453) & _U32
+    c = (((b >> ((b >> 28) + 4)) ^ b) * 277803737) & _U32
+    return (c >> 22) ^ c
+
+
+def _rand_init(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    return _pcg((seed & _U32) + _pcg(offset & _U32)) & _U32
+
+
+def dropout_draw(pc: torch.Tensor, z_root: torch.Tensor, c: int, substep: int) -> torch.Tensor:
+    """[N] U[0, 1) draws of sphere c's contact dropout (``kernels.dropout_draw``'s hash; pc [N, 3] the sphere's
+    centre relative to the root [m], z_root [N]). The cells are found from this oracle's positions, so a draw can
+    differ from the float32 kernel's where a position lies within rounding of a cell boundary."""
+    cell = DROPOUT_CELL
+    ix = torch.floor(pc[:, 0] * cell).long()
+    iy = torch.floor(pc[:, 1] * cell).long()
+    iz = torch.floor((pc[:, 2] + z_root) * cell).long()
+    st = _pcg(_rand_init(ix, iy))  # randi advances the state and returns it
+    st = _pcg(_rand_init(st, iz))
+    st = _pcg(_rand_init(st, torch.full_like(st, c + 64 * substep)))
+    return (st >> 8).double() / 16777216.0
+
+
 def actuator_torque(u: torch.Tensor, qd: torch.Tensor, limit: torch.Tensor, speed: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The actuators' torque law and its slopes, each shaped like ``u`` [N, nu] (``limit`` [nu] N m, ``speed`` [nu]
@@ -306,12 +339,14 @@ def _foot_jacobians(model: SimModel, t: _Tree, n: int, like: torch.Tensor) -> li
 
 
 def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tensor,
-            physics: Physics | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+            physics: Physics | None = None, index: int = 0
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """One physics substep of length ``model.params.dt``.
 
     Args:
         q: qpos [N, nq]; qd: qvel [N, nv]; targets: PD position targets [N, nu] (rad); physics: optional
-        per-environment parameters (:class:`bcg.sim.Physics`).
+        per-environment parameters (:class:`bcg.sim.Physics`); index: the substep's index in its control step (seeds
+        the contact dropout's draws).
     Returns:
         (q_next [N, nq], qd_next [N, nv], normal impulse per sphere [N, nc] in N s, penetration [N, nc] in m).
     """
@@ -368,15 +403,21 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
     rows_J, rows_w, s_act, pen = [], [], [], []
     if physics is None:
         g_free, g_start, g_depth = p.normal_bias_gains()
+        p_drop = torch.full((n,), float(p.dropout), **kw)
     else:
         g_free, g_start, g_depth = physics.contact_bias.to(q).unbind(-1)
+        p_drop = physics.contact_dropout.to(q)
     dirs = [ez, torch.tensor([1.0, 0.0, 0.0], **kw), torch.tensor([0.0, 1.0, 0.0], **kw)]
     for c in range(nc):
         b = int(model.sphere_body[c])
         pc = t.pos[b] + (t.rot[b] @ spos[c])
         d = srad[c] - (pc[:, 2] + q[:, 2])
         pen.append(d)
-        s_act.append(_sigmoid(p.kappa * d))
+        s_c = _sigmoid(p.kappa * d)
+        if bool((p_drop > 0).any()):
+            drop = (d < p.dropout_depth) & (dropout_draw(pc.detach(), q[:, 2].detach(), c, index) < p_drop)
+            s_c = torch.where(drop, torch.zeros_like(s_c), s_c)
+        s_act.append(s_c)
         point = pc - srad[c] * ez
         J_f = Jb[int(model.sphere_foot[c])]
         for k, nvec in enumerate(dirs):
@@ -509,8 +550,8 @@ def step(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.Tens
     Returns (q [N, nq], qd [N, nv], :class:`ContactReport`).
     """
     impulses, pen = [], None
-    for _ in range(model.params.substeps):
-        q, qd, imp, pen = substep(model, q, qd, targets, physics)
+    for k in range(model.params.substeps):
+        q, qd, imp, pen = substep(model, q, qd, targets, physics, k)
         impulses.append(imp)
     stacked = torch.stack(impulses, 0)
     report = ContactReport(stacked.sum(0), stacked.amax(0) / model.params.dt, pen)

@@ -37,6 +37,9 @@ class Physics(NamedTuple):
     (``ContactParams.normal_bias_gains``; Baumgarte contact (1, 0, beta), soft contact (i, 2 h / T - i, beta))."""
     torque_limit: torch.Tensor
     """[N, nu] actuator torque limits [N m] (the soft saturation's level; 1e30 for an actuator without one)."""
+    contact_dropout: torch.Tensor
+    """[N] probability in [0, 1] that a foot sphere near the ground has no contact in a substep
+    (``ContactParams.dropout``)."""
 
     def index_put(self, env_ids: torch.Tensor, rows: Physics) -> Physics:
         """A copy whose rows ``env_ids`` are replaced by ``rows`` (a Physics of len(env_ids) environments)."""
