@@ -198,6 +198,10 @@ alone took 77.5 s; 9399 / 10 063 iterations in the hour against their 10 673 / 1
 SPINKARATE_DROPOUT_3600 = ("drop63-bcg-spinkarate-s0", "drop63-bcg-spinkarate-s1")
 """SpinKarate with today's default and --contact-dropout-range 0 1 for 3600 s, two runs at a time, seeds 0 and 1 (150
 iterations of the run's default alone took 70.9 s on this machine)."""
+SPINKARATE_NO_TORQUE_LIMIT_3600 = ("notl63-bcg-spinkarate-s0", "notl63-bcg-spinkarate-s1")
+"""SpinKarate with today's default less the torque-limit randomisation (--no-torque-limit-randomization: contact
+randomisation and failures credited where they happen) for 3600 s, two runs at a time, seeds 0 and 1, on the machine
+of SPINKARATE_DROPOUT_3600 (the ablation's row for that lever)."""
 SPINKARATE_DEFAULT_3600_SLOWEST = ("solo62-bcg-spinkarate-s0", "solo62-bcg-spinkarate-s1")
 """SpinKarate with today's default (`bcg train --motion B_SpinKarate.csv --estimator bcg --max-time-s 3600 --seed S`)
 for 3600 s, one run at a time, seeds 0 and 1, on the machine of SPINKARATE_MUJOCO_PD_TORQUE_RANGE_3600 (150 iterations
@@ -363,6 +367,8 @@ SPINKARATE_LEVERS: tuple[tuple[str, tuple[str, ...]], ...] = (
      SPINKARATE_MUJOCO_PD_TORQUE_RANGE_3600),
     ("today's default with contact dropouts, --contact-dropout-range 0 1 (3600 s, two runs at a time)",
      SPINKARATE_DROPOUT_3600),
+    ("today's default without the torque-limit randomisation, --no-torque-limit-randomization (3600 s, two runs at a "
+     "time)", SPINKARATE_NO_TORQUE_LIMIT_3600),
 )
 """What was tried on SpinKarate: its transfer gap (saturated ankles, an ankle roll held at its stop by the clip, a
 slippery pivot) and learning its kicks within the hour (where failed episodes are credited); flags on top of the
