@@ -73,8 +73,8 @@ class ContactParams:
     contact in that substep (0: never). MuJoCo at its 5 ms step finds contacts at the start of each step, and in a
     push-off its toes, rocking on a soft ground, are sometimes not in contact in the step where the ankles snap: they
     sink 17 mm within it. Our contact holds them; a dropout leaves spheres without a contact at random substeps
-    instead (docs/simulator.md, *Contact dropout*). The draw is a hash of the sphere's position, the sphere and the substep: deterministic in the
-    state, independent between spheres and substeps."""
+    instead (docs/simulator.md, *Contact dropout*). The draw is a hash of the sphere's position, the sphere and the
+    substep: deterministic in the state, independent between spheres and substeps."""
     dropout_depth: float = 0.002
     """Depth [m] below which a sphere can drop out (resting spheres are 0.55 mm deep; a sphere clear of the ground,
     d < 0, always can)."""
