@@ -49,23 +49,18 @@ def test_dropout_one_matches_the_float64_oracle_and_zero_is_the_model(g1_model):
 
 
 def _first_substep_activations(model, q, qd, tg, dropout):
-    """s_act [N, nc], depth [N, nc] and the spheres' centres relative to the root [N, nc, 3] of the first substep,
-    with per-row dropout probabilities ``dropout`` [N]."""
+    """s_act [N, nc], depth [N, nc] of the first substep with per-row dropout probabilities ``dropout`` [N], and the
+    spheres' centres relative to the root [N, nc, 3] from the float64 oracle's kinematics of the same state."""
     n = q.shape[0]
     arrs = StepArrays(model, n, requires_grad=False, per_env_physics=True)
     _load_inputs(arrs, q, qd, tg, default_physics(model, n)._replace(contact_dropout=dropout))
     run_control_step(model, arrs)
     s = arrs.sub[0]
-    X = s["X_w"].numpy().copy()  # [N, nb, 7]: position, then quaternion x, y, z, w
-    centres = []
-    for c in range(model.nc):
-        b = int(model.sphere_body[c])
-        pos, quat = X[:, b, :3].astype(np.float64), X[:, b, 3:].astype(np.float64)
-        v = np.asarray(model.sphere_pos[c], dtype=np.float64)
-        u, w = quat[:, :3], quat[:, 3:]
-        t = 2.0 * np.cross(u, v)
-        centres.append(pos + v + w * t + np.cross(u, t))
-    return s["s_act"].numpy().copy(), s["depth"].numpy().copy(), np.stack(centres, 1)  # copies: arrs is freed
+    kin = reference.forward_kinematics(model, q.double())
+    body = torch.as_tensor(model.sphere_body, dtype=torch.long)
+    centres = kin.pos[:, body] + (kin.rot[:, body] @ torch.as_tensor(model.sphere_pos, dtype=torch.float64)[..., None]
+                                  )[..., 0] - q.double()[:, None, 0:3]
+    return s["s_act"].numpy().copy(), s["depth"].numpy().copy(), centres.numpy()  # copies: arrs is freed
 
 
 def test_dropout_draws_are_the_oracles_hash_with_the_asked_probability(g1_model):
@@ -84,7 +79,7 @@ def test_dropout_draws_are_the_oracles_hash_with_the_asked_probability(g1_model)
     draws = np.stack([reference.dropout_draw(torch.from_numpy(centres[:, c]), z_root, c, 0).numpy()
                       for c in range(g1_model.nc)], 1)
     agree = ((draws < 0.5) == dropped)[eligible].mean()
-    assert agree > 0.99, agree  # a centre within float32 rounding of a 10 um cell boundary can differ; measured 0.997
+    assert agree > 0.99, agree  # a centre within float32 rounding of a 10 um cell boundary can differ; measured 0.995
     foot0 = np.flatnonzero(np.asarray(g1_model.sphere_foot) == 0)
     both = eligible[:, foot0[0]] & eligible[:, foot0[1]]
     r = np.corrcoef(dropped[both, foot0[0]], dropped[both, foot0[1]])[0, 1]

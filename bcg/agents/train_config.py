@@ -105,6 +105,15 @@ def _estimator_default() -> Any:
     return make("bptt")
 
 
+RANGE_RULES: dict[str, tuple[str, Any]] = {
+    "friction_range": ("0 < LO <= HI", lambda lo, hi: 0 < lo <= hi),
+    "torque_limit_range": ("0 < LO <= HI", lambda lo, hi: 0 < lo <= hi),
+    "contact_dropout_range": ("0 <= LO <= HI <= 1", lambda lo, hi: 0 <= lo <= hi <= 1),
+}
+"""The range options LO HI of :class:`TrainConfig`: the rule each must satisfy (as its error states it), and the
+check."""
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Train an agent on a G1 tracking clip: SHAC through a gradient estimator, or PPO (stable-baselines3).
@@ -251,20 +260,13 @@ class TrainConfig:
         if not (isinstance(self.eval_seconds, numbers.Real) and math.isfinite(self.eval_seconds)
                 and self.eval_seconds > 0):
             raise ValueError(f"eval_seconds must be a finite number > 0, got {self.eval_seconds!r}")
-        for name in ("friction_range", "torque_limit_range"):
+        for name, (rule, holds) in RANGE_RULES.items():
             r = getattr(self, name)
             if r is None:
                 continue
-            if not (len(r) == 2 and all(isinstance(x, numbers.Real) and math.isfinite(x) for x in r)
-                    and 0 < r[0] <= r[1]):
-                raise ValueError(f"{name} must be two numbers LO HI with 0 < LO <= HI, got {r!r}")
+            if not (len(r) == 2 and all(isinstance(x, numbers.Real) and math.isfinite(x) for x in r) and holds(*r)):
+                raise ValueError(f"{name} must be two numbers LO HI with {rule}, got {r!r}")
             object.__setattr__(self, name, (float(r[0]), float(r[1])))  # a config file gives a list
-        r = self.contact_dropout_range
-        if r is not None:
-            if not (len(r) == 2 and all(isinstance(x, numbers.Real) and math.isfinite(x) for x in r)
-                    and 0 <= r[0] <= r[1] <= 1):
-                raise ValueError(f"contact_dropout_range must be two numbers LO HI with 0 <= LO <= HI <= 1, got {r!r}")
-            object.__setattr__(self, "contact_dropout_range", (float(r[0]), float(r[1])))
         if self.torque_limit_range is not None and not self.torque_limit_randomization:
             raise ValueError("torque_limit_range is the range of --torque-limit-randomization, which is off "
                              "(--no-torque-limit-randomization): drop one of the two")

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import warp as wp
 
+from bcg.sim import model as _model
+
 # Warp's info messages (its init banner, a line per module load) off; its warnings still show
 wp.config.log_level = max(wp.config.log_level, wp.LOG_WARNING)
 
@@ -78,7 +80,7 @@ def sigmoid(x: float):
     return 0.5 * (1.0 + wp.tanh(0.5 * x))
 
 
-DROPOUT_CELL = wp.constant(1.0e5)  # [1/m]; reference.DROPOUT_CELL
+DROPOUT_CELL = wp.constant(_model.DROPOUT_CELL)  # [1/m]
 
 
 @wp.func

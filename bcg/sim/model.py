@@ -45,6 +45,11 @@ kernels do internally can
 recover that resolution.)"""
 
 
+DROPOUT_CELL = 1.0e5
+"""Cells per metre of the positions that seed a sphere's contact-dropout draw (10 um: a moving foot changes cell every
+substep, a resting one keeps its draw); ``ContactParams.dropout``."""
+
+
 class UnsupportedModelError(ValueError):
     """The MJCF uses a feature the engine does not implement (joint type, tree shape, ...)."""
 

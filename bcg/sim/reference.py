@@ -36,14 +36,11 @@ from typing import NamedTuple
 
 import torch
 
-from bcg.sim.model import SimModel
+from bcg.sim.model import DROPOUT_CELL, SimModel
 from bcg.sim.types import ContactReport, Physics
 
 PUSH_OUT_DEPTH = 0.05
 """Contact penetrations beyond this [m] are pushed out no faster than at it (the Baumgarte rate is capped)."""
-DROPOUT_CELL = 1.0e5
-"""Cells per metre of the positions that seed a sphere's contact-dropout draw (10 um: a moving foot changes cell every
-substep, a resting one keeps its draw)."""
 PUSH_OUT_ANGLE = 0.25
 """Joint-limit violations beyond this [rad] are backed out no faster than at it."""
 
@@ -287,10 +284,9 @@ def dropout_draw(pc: torch.Tensor, z_root: torch.Tensor, c: int, substep: int) -
     """[N] U[0, 1) draws of sphere c's contact dropout (``kernels.dropout_draw``'s hash; pc [N, 3] the sphere's
     centre relative to the root [m], z_root [N]). The cells are found from this oracle's positions, so a draw can
     differ from the float32 kernel's where a position lies within rounding of a cell boundary."""
-    cell = DROPOUT_CELL
-    ix = torch.floor(pc[:, 0] * cell).long()
-    iy = torch.floor(pc[:, 1] * cell).long()
-    iz = torch.floor((pc[:, 2] + z_root) * cell).long()
+    ix = torch.floor(pc[:, 0] * DROPOUT_CELL).long()
+    iy = torch.floor(pc[:, 1] * DROPOUT_CELL).long()
+    iz = torch.floor((pc[:, 2] + z_root) * DROPOUT_CELL).long()
     st = _pcg(_rand_init(ix, iy))  # randi advances the state and returns it
     st = _pcg(_rand_init(st, iz))
     st = _pcg(_rand_init(st, torch.full_like(st, c + 64 * substep)))
@@ -407,6 +403,7 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
     else:
         g_free, g_start, g_depth = physics.contact_bias.to(q).unbind(-1)
         p_drop = physics.contact_dropout.to(q)
+    dropping = bool((p_drop > 0).any())
     dirs = [ez, torch.tensor([1.0, 0.0, 0.0], **kw), torch.tensor([0.0, 1.0, 0.0], **kw)]
     for c in range(nc):
         b = int(model.sphere_body[c])
@@ -414,7 +411,7 @@ def substep(model: SimModel, q: torch.Tensor, qd: torch.Tensor, targets: torch.T
         d = srad[c] - (pc[:, 2] + q[:, 2])
         pen.append(d)
         s_c = _sigmoid(p.kappa * d)
-        if bool((p_drop > 0).any()):
+        if dropping:
             drop = (d < p.dropout_depth) & (dropout_draw(pc.detach(), q[:, 2].detach(), c, index) < p_drop)
             s_c = torch.where(drop, torch.zeros_like(s_c), s_c)
         s_act.append(s_c)
